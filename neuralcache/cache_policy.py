@@ -1,0 +1,62 @@
+"""Which cached blocks to keep: a sans-IO least-recently-used policy over opaque keys.
+
+The policy only does bookkeeping (keys, sizes, recency) and tells its caller what to evict;
+the LMDB store does the I/O. Keeping it pure lets a later, prediction-aware policy replace it
+and lets tests drive it against a reference model without a disk.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Hashable, Iterable
+
+
+class LruPolicy:
+    """Tracks cached keys and their sizes; evicts the least recently used past ``capacity``."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity <= 0:
+            raise ValueError("cache capacity must be positive")
+        self.capacity = capacity
+        self.used = 0
+        self._sizes: OrderedDict[Hashable, int] = OrderedDict()  # oldest first
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._sizes
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def touch(self, key: Hashable) -> None:
+        """Mark ``key`` as just used (a no-op for keys not held)."""
+        if key in self._sizes:
+            self._sizes.move_to_end(key)
+
+    def insert(self, key: Hashable, size: int) -> list[Hashable]:
+        """Hold ``key`` as most recently used; return the keys evicted to make room.
+
+        A key larger than the whole capacity is not held and is returned as its own eviction.
+        """
+        self.remove(key)
+        if size > self.capacity:
+            return [key]
+        evicted: list[Hashable] = []
+        while self.used + size > self.capacity:
+            old, old_size = self._sizes.popitem(last=False)
+            self.used -= old_size
+            evicted.append(old)
+        self._sizes[key] = size
+        self.used += size
+        return evicted
+
+    def remove(self, key: Hashable) -> bool:
+        """Forget ``key``; True if it was held."""
+        size = self._sizes.pop(key, None)
+        if size is None:
+            return False
+        self.used -= size
+        return True
+
+    def oldest_first(self) -> Iterable[Hashable]:
+        """Held keys from least to most recently used."""
+        return iter(self._sizes)
