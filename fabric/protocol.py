@@ -1,0 +1,251 @@
+"""The hub<->spoke wire protocol, sans-IO: bytes in, messages out (and back).
+
+A frame is a 4-byte big-endian payload length followed by a msgpack array ``[kind, ...fields]``.
+Every request carries an id chosen by the spoke, so many requests can be in flight on one
+connection and replies may come back in any order. Nothing here touches a socket or a clock
+(the h11 style): the trio shells in ``hub.py`` and ``client.py`` feed bytes and send bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+"""Bumped on any incompatible change; the hub refuses a hello with another version."""
+
+MAX_FRAME = 16 * 1024 * 1024
+"""Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a bug."""
+
+MAX_READ_BLOCKS = 1024
+"""Largest range one read request may ask for (4 MiB of 4 KiB blocks); clients split larger ones."""
+
+META_CHUNK_ENTRIES = 4096
+"""Metadata entries per reply frame, so a 100,000-file tree streams in ~25 frames of < 1 MiB."""
+
+_HEADER = struct.Struct(">I")
+CHECKSUM_BYTES = 8
+"""Each block's xxh3-64 checksum travels as 8 big-endian bytes."""
+
+
+class ProtocolError(Exception):
+    """The peer sent something this protocol cannot accept; the connection must be closed."""
+
+
+class ErrorCode:
+    """Typed errors a hub returns for one request (the connection stays up)."""
+
+    BAD_REQUEST = "bad_request"
+    NOT_FOUND = "not_found"
+    STALE = "stale"  # the file's version on the hub is not the one asked for
+    IO_ERROR = "io_error"
+    VERSION_MISMATCH = "version_mismatch"
+
+    ALL = frozenset({BAD_REQUEST, NOT_FOUND, STALE, IO_ERROR, VERSION_MISMATCH})
+
+
+@dataclass(frozen=True)
+class Hello:
+    """First message from the spoke."""
+
+    KIND: ClassVar[int] = 1
+    version: int
+    client: str
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """The hub's answer to a compatible hello."""
+
+    KIND: ClassVar[int] = 2
+    version: int
+    export: str
+
+
+@dataclass(frozen=True)
+class MetaRequest:
+    """Ask for a snapshot of the export's namespace."""
+
+    KIND: ClassVar[int] = 3
+    req_id: int
+
+
+@dataclass(frozen=True)
+class MetaEntry:
+    """One file, directory or symlink of the export, as the spoke will present it."""
+
+    path: str  # relative to the export root, "/"-separated; "" is the root
+    kind: str  # "f" regular file, "d" directory, "l" symlink
+    mode: int  # permission bits only
+    size: int
+    mtime_ns: int
+    file_id: int  # stable identity of the file on the hub
+    version: int  # changes whenever the file's content may have changed
+    target: str = ""  # symlink target (relative, never leaving the export)
+
+    KINDS: ClassVar[frozenset[str]] = frozenset({"f", "d", "l"})
+
+    def to_wire(self) -> list[Any]:
+        return [self.path, self.kind, self.mode, self.size, self.mtime_ns, self.file_id,
+                self.version, self.target]
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> "MetaEntry":
+        _expect(isinstance(raw, list) and len(raw) == 8, "metadata entry must be an 8-item array")
+        path, kind, mode, size, mtime_ns, file_id, version, target = raw
+        _expect(isinstance(path, str) and isinstance(target, str), "entry path/target not text")
+        _expect(kind in cls.KINDS, f"unknown entry kind {kind!r}")
+        for v in (mode, size, mtime_ns, file_id, version):
+            _expect(isinstance(v, int) and not isinstance(v, bool), "entry field not an integer")
+        _expect(size >= 0 and file_id >= 0 and version >= 0, "negative entry field")
+        return cls(path, kind, mode, size, mtime_ns, file_id, version, target)
+
+
+@dataclass(frozen=True)
+class MetaReply:
+    """A chunk of the snapshot; ``done`` marks the last chunk."""
+
+    KIND: ClassVar[int] = 4
+    req_id: int
+    entries: tuple[MetaEntry, ...]
+    done: bool
+
+
+@dataclass(frozen=True)
+class ReadRequest:
+    """Ask for ``count`` blocks of one version of one file, starting at block ``first``."""
+
+    KIND: ClassVar[int] = 5
+    req_id: int
+    file_id: int
+    version: int
+    first: int
+    count: int
+
+
+@dataclass(frozen=True)
+class ReadReply:
+    """Block data (concatenated; the last block may be short) and one checksum per block."""
+
+    KIND: ClassVar[int] = 6
+    req_id: int
+    first: int
+    data: bytes
+    checksums: bytes  # CHECKSUM_BYTES per block
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """A request failed on the hub; ``code`` is one of ErrorCode."""
+
+    KIND: ClassVar[int] = 7
+    req_id: int
+    code: str
+    message: str
+
+
+Message = Union[Hello, Welcome, MetaRequest, MetaReply, ReadRequest, ReadReply, ErrorReply]
+
+
+def _expect(cond: bool, why: str) -> None:
+    if not cond:
+        raise ProtocolError(why)
+
+
+def _is_uint(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _fields(msg: Message) -> list[Any]:
+    if isinstance(msg, MetaReply):
+        return [msg.req_id, [e.to_wire() for e in msg.entries], msg.done]
+    return [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+
+
+def encode(msg: Message) -> bytes:
+    """One complete frame for ``msg``."""
+    payload = msgpack.packb([msg.KIND, *_fields(msg)], use_bin_type=True)
+    if len(payload) > MAX_FRAME:
+        raise ValueError(f"message of {len(payload)} bytes exceeds MAX_FRAME")
+    return _HEADER.pack(len(payload)) + payload
+
+
+def _decode_meta_reply(fields: list[Any]) -> MetaReply:
+    _expect(len(fields) == 3, "meta reply needs 3 fields")
+    req_id, entries, done = fields
+    _expect(_is_uint(req_id) and isinstance(entries, list) and isinstance(done, bool),
+            "malformed meta reply")
+    return MetaReply(req_id, tuple(MetaEntry.from_wire(e) for e in entries), done)
+
+
+def _decode_read_reply(fields: list[Any]) -> ReadReply:
+    _expect(len(fields) == 4, "read reply needs 4 fields")
+    req_id, first, data, checksums = fields
+    _expect(_is_uint(req_id) and _is_uint(first), "malformed read reply header")
+    _expect(isinstance(data, bytes) and isinstance(checksums, bytes), "read reply payload not binary")
+    _expect(len(checksums) % CHECKSUM_BYTES == 0, "checksum field has a partial checksum")
+    return ReadReply(req_id, first, data, checksums)
+
+
+# (class, field validators) for messages whose fields are all scalars.
+_SIMPLE: dict[int, tuple[type, tuple[Any, ...]]] = {
+    Hello.KIND: (Hello, (_is_uint, lambda v: isinstance(v, str))),
+    Welcome.KIND: (Welcome, (_is_uint, lambda v: isinstance(v, str))),
+    MetaRequest.KIND: (MetaRequest, (_is_uint,)),
+    ReadRequest.KIND: (ReadRequest, (_is_uint,) * 5),
+    ErrorReply.KIND: (ErrorReply, (_is_uint, lambda v: v in ErrorCode.ALL,
+                                   lambda v: isinstance(v, str))),
+}
+
+
+def decode_payload(payload: bytes) -> Message:
+    """Parse one frame's payload; raises ProtocolError (only) on anything malformed."""
+    try:
+        raw = msgpack.unpackb(payload, use_list=True, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"undecodable payload: {exc.__class__.__name__}") from None
+    _expect(isinstance(raw, list) and len(raw) >= 1, "payload is not a non-empty array")
+    kind, fields = raw[0], raw[1:]
+    if kind == MetaReply.KIND:
+        return _decode_meta_reply(fields)
+    if kind == ReadReply.KIND:
+        return _decode_read_reply(fields)
+    spec = _SIMPLE.get(kind) if isinstance(kind, int) and not isinstance(kind, bool) else None
+    _expect(spec is not None, f"unknown message kind {kind!r}")
+    cls, checks = spec  # type: ignore[misc]
+    _expect(len(fields) == len(checks), f"{cls.__name__} needs {len(checks)} fields")
+    _expect(all(check(v) for check, v in zip(checks, fields)), f"malformed {cls.__name__}")
+    return cls(*fields)
+
+
+class FrameDecoder:
+    """Accumulates received bytes and yields complete messages, whatever the chunking."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self._buf = bytearray()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes) -> list[Message]:
+        """Add ``data``; return every message now complete. Raises ProtocolError on bad input."""
+        self._buf += data
+        out: list[Message] = []
+        while len(self._buf) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buf)
+            if length > self._max_frame:
+                raise ProtocolError(f"frame of {length} bytes exceeds limit {self._max_frame}")
+            end = _HEADER.size + length
+            if len(self._buf) < end:
+                break
+            payload = bytes(self._buf[_HEADER.size:end])
+            del self._buf[:end]
+            out.append(decode_payload(payload))
+        return out
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held back; non-zero at EOF means a truncated frame."""
+        return len(self._buf)
