@@ -1,0 +1,160 @@
+"""The spoke's block cache: an LRU policy over an LMDB store, with writes batched off the read path.
+
+A block put into the cache is readable at once from memory; a background task writes the
+accumulated puts, evictions and last-use stamps to LMDB in one transaction per batch, in a
+worker thread. Readers therefore never wait on a write transaction, and the cache survives a
+restart (remounting over the same directory is warm).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
+import lmdb
+import trio
+
+from neuralcache.cache_policy import LruPolicy
+
+from . import metrics
+from .block_store import BlockKey, BlockStore
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL = 0.05
+"""Seconds the writer waits to gather a batch; bounds how long fresh blocks live only in memory."""
+MAX_BATCH_OPS = 4096
+"""Puts per write transaction (16 MiB of blocks): large enough to amortise, small enough to stay quick."""
+
+_DELETED = None  # marker in the pending-ops map: the key was evicted
+
+
+class BlockCache:
+    """Blocks by key, bounded by ``capacity`` bytes."""
+
+    def __init__(self, store: BlockStore, capacity: int) -> None:
+        self.store = store
+        self.policy = LruPolicy(capacity)
+        self._ops: dict[BlockKey, bytes | None] = {}  # not yet handed to the writer
+        self._writing: dict[BlockKey, bytes | None] = {}  # being written right now
+        self._stamps: dict[BlockKey, int] = {}
+        self._clock = 0
+        self._work = trio.Event()
+        self._write_lock = trio.Lock()
+        self._load_index()
+
+    def _load_index(self) -> None:
+        for entry in self.store.index():
+            self._clock = max(self._clock, entry.stamp)
+            for old in self.policy.insert(entry.key, entry.size):
+                self._record(old, _DELETED)
+        metrics.CACHE_CAPACITY_BYTES.set(self.policy.capacity)
+        self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        metrics.CACHE_USED_BYTES.set(self.policy.used)
+
+    def _record(self, key: BlockKey, data: bytes | None) -> None:
+        self._ops[key] = data
+        if data is _DELETED:
+            self._stamps.pop(key, None)
+        self._work.set()
+
+    def _stamp(self, key: BlockKey) -> None:
+        self._clock += 1
+        self._stamps[key] = self._clock
+        self._work.set()
+
+    def purge(self, keep: Any) -> int:
+        """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the hub)."""
+        stale = [k for k in self.policy.oldest_first() if not keep(k)]
+        for key in stale:
+            self.policy.remove(key)
+            self._record(key, _DELETED)
+        self._update_gauges()
+        return len(stale)
+
+    async def get_many(self, keys: Iterable[BlockKey]) -> dict[BlockKey, bytes]:
+        """The blocks among ``keys`` that the cache holds."""
+        found: dict[BlockKey, bytes] = {}
+        to_read: list[BlockKey] = []
+        for key in keys:
+            if key not in self.policy:
+                continue
+            data = self._ops.get(key, self._writing.get(key))
+            if data is not None:
+                found[key] = data
+            else:
+                to_read.append(key)
+        if to_read:
+            stored, corrupt = await trio.to_thread.run_sync(self.store.get_many, to_read)
+            found.update(stored)
+            for key in corrupt:
+                log.error("cache block %s failed its checksum; dropping it", key)
+                metrics.CACHE_CORRUPT_BLOCKS.inc()
+                self.policy.remove(key)
+                self._record(key, _DELETED)
+        for key in found:
+            self.policy.touch(key)
+            self._stamp(key)
+        return found
+
+    def put(self, key: BlockKey, data: bytes) -> None:
+        """Hold a verified block; evicts least recently used blocks past capacity."""
+        for old in self.policy.insert(key, len(data)):
+            metrics.CACHE_EVICTIONS.inc()
+            self._record(old, _DELETED)
+        if key in self.policy:
+            self._record(key, data)
+            self._stamp(key)
+        self._update_gauges()
+
+    async def run_writer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Write batches forever; start it in the daemon's nursery."""
+        task_status.started()
+        while True:
+            await self._work.wait()
+            await trio.sleep(FLUSH_INTERVAL)
+            await self._write_one_batch()
+
+    async def _write_one_batch(self) -> None:
+        async with self._write_lock:
+            await self._write_locked()
+
+    async def _write_locked(self) -> None:
+        batch = dict(list(self._ops.items())[:MAX_BATCH_OPS])
+        for key in batch:
+            del self._ops[key]
+        stamps = {k: s for k, s in self._stamps.items() if batch.get(k, True) is not _DELETED}
+        self._stamps.clear()
+        if not batch and not stamps:
+            self._work = trio.Event()
+            return
+        self._writing = batch
+        puts = {k: v for k, v in batch.items() if v is not _DELETED}
+        deletes = [k for k, v in batch.items() if v is _DELETED]
+        try:
+            await trio.to_thread.run_sync(self.store.write_batch, puts, deletes, stamps)
+        except lmdb.Error as exc:
+            self._drop_unwritten(puts, exc)
+        finally:
+            self._writing = {}
+        if not self._ops and not self._stamps:
+            self._work = trio.Event()
+
+    def _drop_unwritten(self, puts: dict[BlockKey, bytes], exc: Exception) -> None:
+        """A batch failed (disk or map full): forget its blocks so they are simply re-fetched."""
+        metrics.CACHE_WRITE_ERRORS.inc()
+        log.error("cache write of %d blocks failed (%s); they will be fetched again", len(puts), exc)
+        for key in puts:
+            if key not in self._ops:
+                self.policy.remove(key)
+        self._update_gauges()
+
+    async def flush(self) -> None:
+        """Wait until everything put so far is on disk (used at shutdown and by tests)."""
+        while self._ops or self._stamps:
+            await self._write_one_batch()
+
+    def close(self) -> None:
+        self.store.close()

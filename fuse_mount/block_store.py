@@ -1,0 +1,111 @@
+"""The on-disk half of the block cache: LMDB on local NVMe, called from worker threads.
+
+Keys are ``(file id, version, block)`` packed big-endian, so one file version's blocks sit
+together in key order; a new version of a file has new keys, so its old blocks can never be
+served for it. Each value carries the block's checksum, checked again on every read, so a
+damaged cache file costs a re-fetch, never wrong bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterable, NamedTuple
+
+import lmdb
+
+from fabric.checksum import block_checksum
+from fabric.protocol import CHECKSUM_BYTES
+from neuralcache.blocks import BLOCK_SIZE
+
+_KEY = struct.Struct(">QQQ")
+_STAMP = struct.Struct(">Q")
+
+PAGES_PER_BLOCK = 2
+"""A 4 KiB block plus its checksum exceeds one 4 KiB LMDB page and lands on two overflow pages."""
+MAP_SLACK = 64 * 1024 * 1024
+"""Room beyond the blocks for LMDB's branch pages, the stamp table and free-page bookkeeping."""
+
+
+class BlockKey(NamedTuple):
+    file_id: int
+    version: int
+    block: int
+
+    def pack(self) -> bytes:
+        return _KEY.pack(*self)
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "BlockKey":
+        return cls(*_KEY.unpack(raw))
+
+
+class IndexEntry(NamedTuple):
+    key: BlockKey
+    size: int
+    stamp: int
+
+
+def map_size_for(capacity: int) -> int:
+    """LMDB map size that holds ``capacity`` bytes of blocks."""
+    blocks = -(-capacity // BLOCK_SIZE)
+    return blocks * PAGES_PER_BLOCK * os.sysconf("SC_PAGE_SIZE") + MAP_SLACK
+
+
+class BlockStore:
+    """Blocks and their last-use stamps in one LMDB environment."""
+
+    def __init__(self, path: str, capacity: int) -> None:
+        os.makedirs(path, exist_ok=True)
+        # sync=False: a cache may lose its last batches on power loss; checksums catch damage.
+        self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=2, sync=False,
+                             metasync=False, readahead=False, max_readers=256)
+        self._blocks = self.env.open_db(b"blocks")
+        self._stamps = self.env.open_db(b"stamps")
+
+    def close(self) -> None:
+        self.env.sync(True)
+        self.env.close()
+
+    def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, bytes], list[BlockKey]]:
+        """Blocks found (verified), and keys whose stored bytes failed their checksum."""
+        found: dict[BlockKey, bytes] = {}
+        corrupt: list[BlockKey] = []
+        with self.env.begin(db=self._blocks, buffers=True) as txn:
+            for key in keys:
+                raw = txn.get(key.pack())
+                if raw is None:
+                    continue
+                data = bytes(raw[CHECKSUM_BYTES:])
+                if block_checksum(data) == bytes(raw[:CHECKSUM_BYTES]):
+                    found[key] = data
+                else:
+                    corrupt.append(key)
+        return found, corrupt
+
+    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
+                    stamps: dict[BlockKey, int]) -> None:
+        """Apply one batch in one write transaction (all or nothing)."""
+        with self.env.begin(write=True) as txn:
+            for key, data in puts.items():
+                txn.put(key.pack(), block_checksum(data) + data, db=self._blocks)
+            for key in deletes:
+                packed = key.pack()
+                txn.delete(packed, db=self._blocks)
+                txn.delete(packed, db=self._stamps)
+            for key, stamp in stamps.items():
+                txn.put(key.pack(), _STAMP.pack(stamp), db=self._stamps)
+
+    def index(self) -> list[IndexEntry]:
+        """Every cached block with its size and last-use stamp, least recently used first."""
+        entries: list[IndexEntry] = []
+        with self.env.begin(buffers=True) as txn:
+            stamps = txn.cursor(db=self._stamps)
+            for raw_key, raw_value in txn.cursor(db=self._blocks):
+                key = bytes(raw_key)
+                stamp_raw = stamps.get(key)
+                stamp = _STAMP.unpack(stamp_raw)[0] if stamp_raw is not None else 0
+                entries.append(IndexEntry(BlockKey.unpack(key), len(raw_value) - CHECKSUM_BYTES,
+                                          stamp))
+        entries.sort(key=lambda e: e.stamp)
+        return entries

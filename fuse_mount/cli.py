@@ -1,0 +1,218 @@
+"""The ``neuralcache`` command: hub, mount, umount, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+import trio
+
+from fabric.client import HubUnavailable
+from fabric.export import Export
+
+from .daemon import MountError, SpokeConfig, run_spoke
+from .namespace import NamespaceError
+from .runtime import CacheBusyError, pid_alive, read_record
+
+log = logging.getLogger("neuralcache")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+UMOUNT_WAIT = 60.0
+"""Seconds ``umount`` waits for the daemon to flush its cache and exit."""
+
+_FAILURES = (HubUnavailable, MountError, NamespaceError, CacheBusyError, OSError)
+
+
+def parse_size(text: str) -> int:
+    """'512M', '10GiB', '1.5g' or a byte count -> bytes (binary units)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 20G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# --- hub -------------------------------------------------------------------------------------
+
+async def _run_hub(export: Export, host: str, port: int, metrics_port: int | None) -> None:
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+        start_http_server(metrics_port, addr=host)
+    from fabric.hub import HubServer  # imported here so a spoke does not register hub metrics
+    server = HubServer(export)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(server.serve, host, port)
+        bound = listeners[0].socket.getsockname()
+        print(f"hub: serving {export.root} on {bound[0]}:{bound[1]}", flush=True)
+
+
+def cmd_hub(args: argparse.Namespace) -> int:
+    host, port = args.listen
+    export = Export(args.export)
+    trio.run(_run_hub, export, host, port, args.metrics_port)
+    return 0
+
+
+# --- mount / umount --------------------------------------------------------------------------
+
+def _config(args: argparse.Namespace) -> SpokeConfig:
+    host, port = args.hub
+    return SpokeConfig(hub_host=host, hub_port=port, cache_dir=os.path.abspath(args.cache_dir),
+                       cache_size=args.cache_size, mountpoint=os.path.abspath(args.mountpoint),
+                       metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
+                       connect_timeout=args.connect_timeout, hub_timeout=args.hub_timeout,
+                       allow_other=os.geteuid() == 0)
+
+
+def _mount_foreground(args: argparse.Namespace) -> int:
+    ready_fd = args.ready_fd
+
+    def tell(line: str) -> None:
+        if ready_fd is not None:
+            os.write(ready_fd, (line + "\n").encode())
+            os.close(ready_fd)
+
+    def ready(message: str) -> None:
+        log.info("%s", message)
+        tell(f"ok {message}")
+
+    failures: list[BaseException] = []
+    try:
+        trio.run(run_spoke, _config(args), ready)
+    except* _FAILURES as group:
+        failures.extend(group.exceptions)
+    if failures:
+        message = "; ".join(str(e) for e in failures)
+        log.error("mount failed: %s", message)
+        tell(f"error {message}")
+        return 1
+    return 0
+
+
+def _mount_background(args: argparse.Namespace) -> int:
+    """Re-run as a foreground daemon in a new session; return once it is mounted (or failed)."""
+    log_file = args.log_file or os.path.join(os.path.abspath(args.cache_dir), "neuralcache.log")
+    os.makedirs(os.path.dirname(log_file), exist_ok=True)
+    read_end, write_end = os.pipe()
+    argv = [sys.executable, "-m", "fuse_mount.cli", *sys.argv[1:], "--foreground",
+            "--ready-fd", str(write_end)]
+    with open(log_file, "ab") as log_out:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
+                         pass_fds=(write_end,), start_new_session=True)
+    os.close(write_end)
+    with os.fdopen(read_end) as answer:
+        line = answer.readline().strip()
+    status, _, message = line.partition(" ")
+    if status == "ok":
+        print(f"neuralcache: {message}")
+        return 0
+    print(f"neuralcache: mount failed: {message or 'daemon exited; see ' + log_file}",
+          file=sys.stderr)
+    return 1
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    return _mount_foreground(args) if args.foreground else _mount_background(args)
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    mountpoint = os.path.realpath(args.mountpoint)
+    record = read_record(mountpoint)
+    result = subprocess.run(["fusermount3", "-u", mountpoint], capture_output=True, text=True)
+    if result.returncode != 0:
+        print(f"neuralcache: umount {mountpoint} failed: {result.stderr.strip()}", file=sys.stderr)
+        return 1
+    if record is not None:
+        deadline = time.monotonic() + UMOUNT_WAIT
+        while pid_alive(record.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if pid_alive(record.pid):
+            print(f"neuralcache: daemon {record.pid} still running after {UMOUNT_WAIT:g} s",
+                  file=sys.stderr)
+            return 1
+    print(f"neuralcache: unmounted {mountpoint}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(args.workdir, keep=args.keep)
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="neuralcache", description=__doc__)
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    hub = sub.add_parser("hub", help="export a directory to spokes")
+    hub.add_argument("--export", required=True, help="directory to export (read-only)")
+    hub.add_argument("--listen", type=parse_hostport, default=("127.0.0.1", 7070),
+                     help="HOST:PORT to listen on (port 0 picks a free one) [127.0.0.1:7070]")
+    hub.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    hub.set_defaults(func=cmd_hub)
+
+    mount = sub.add_parser("mount", help="mount a hub's export through a local cache")
+    mount.add_argument("mountpoint")
+    mount.add_argument("--hub", type=parse_hostport, required=True, help="hub HOST:PORT")
+    mount.add_argument("--cache-dir", required=True, help="local directory (NVMe) for the cache")
+    mount.add_argument("--cache-size", type=parse_size, default=parse_size("10G"),
+                       help="cache size limit, e.g. 512M or 200G [10G]")
+    mount.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    mount.add_argument("--metrics-addr", default="127.0.0.1",
+                       help="address for the metrics endpoint [127.0.0.1]")
+    mount.add_argument("--connect-timeout", type=float, default=10.0,
+                       help="give up mounting if the hub does not answer in this many s [10]")
+    mount.add_argument("--hub-timeout", type=float, default=60.0,
+                       help="a read that cannot reach the hub fails with EIO after this "
+                            "many s [60]")
+    mount.add_argument("--foreground", action="store_true", help="stay in the foreground")
+    mount.add_argument("--log-file", help="daemon log in background mode [CACHE_DIR/neuralcache.log]")
+    mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    mount.set_defaults(func=cmd_mount)
+
+    umount = sub.add_parser("umount", help="unmount and wait for the daemon to flush its cache")
+    umount.add_argument("mountpoint")
+    umount.set_defaults(func=cmd_umount)
+
+    demo = sub.add_parser("demo", help="hub + spoke on loopback over a generated dataset")
+    demo.add_argument("--workdir", help="where to put the dataset and cache [a temp dir]")
+    demo.add_argument("--keep", action="store_true", help="keep the work directory")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except _FAILURES as exc:
+        print(f"neuralcache: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

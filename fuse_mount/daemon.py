@@ -1,0 +1,162 @@
+"""The spoke daemon: connect, load the namespace, open the cache, mount, serve, shut down cleanly.
+
+Order matters for users: nothing is mounted until the hub has answered with its metadata, so a
+hub that cannot be reached gives a clear error and no half-made mount; once mounted, the
+namespace is complete before any file data has moved.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Callable
+
+import pyfuse3
+import trio
+from prometheus_client import start_http_server
+
+from fabric.client import HubClient
+
+from . import metrics
+from .block_cache import BlockCache
+from .block_store import BlockKey, BlockStore
+from .fetcher import BlockFetcher
+from .filesystem import SpokeFilesystem
+from .namespace import Namespace
+from .runtime import MountRecord, cache_lock, remove_record, write_record
+
+log = logging.getLogger(__name__)
+
+READ_AHEAD_KB = 1024
+"""Kernel readahead for the mount (KiB): sequential readers then send 1 MiB FUSE reads, not the
+default 128 KiB, which amortises Python's per-request cost."""
+
+
+class MountError(Exception):
+    """The mount cannot be made (bad mountpoint, already mounted, ...)."""
+
+
+@dataclass(frozen=True)
+class SpokeConfig:
+    hub_host: str
+    hub_port: int
+    cache_dir: str
+    cache_size: int
+    mountpoint: str
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+    connect_timeout: float = 10.0
+    hub_timeout: float = 60.0
+    allow_other: bool = True
+
+
+def prepare_mountpoint(path: str) -> None:
+    """Refuse bad mountpoints; clear a dead daemon's leftover mount."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise MountError(f"mountpoint {path}: {exc.strerror}") from None
+        log.warning("%s holds the mount of a daemon that died; unmounting it", path)
+        subprocess.run(["fusermount3", "-u", "-z", path], check=False)
+    if not os.path.isdir(path):
+        raise MountError(f"mountpoint {path} is not a directory")
+    if os.path.ismount(path):
+        raise MountError(f"{path} is already a mount point")
+
+
+def mount_options(cfg: SpokeConfig) -> set[str]:
+    options = set(pyfuse3.default_options)
+    options |= {f"fsname=neuralcache@{cfg.hub_host}:{cfg.hub_port}", "subtype=neuralcache", "ro"}
+    if cfg.allow_other:
+        options.add("allow_other")
+    return options
+
+
+def open_cache(cfg: SpokeConfig, namespace: Namespace) -> BlockCache:
+    """Open the LMDB cache and drop blocks of file versions the hub no longer has."""
+    cache = BlockCache(BlockStore(os.path.join(cfg.cache_dir, "blocks.lmdb"), cfg.cache_size),
+                       cfg.cache_size)
+    live = {e.file_id: e.version for e in namespace.files()}
+    dropped = cache.purge(lambda key: live.get(key.file_id) == key.version)
+    if dropped:
+        log.info("dropped %d cached blocks of files that changed or vanished on the hub", dropped)
+    return cache
+
+
+async def _watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s; unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
+    """Mount and serve until unmounted or signalled. ``ready`` is called once the mount answers."""
+    prepare_mountpoint(cfg.mountpoint)
+    with cache_lock(cfg.cache_dir):
+        client = HubClient(cfg.hub_host, cfg.hub_port, name=os.uname().nodename,
+                           connect_timeout=cfg.connect_timeout)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.run)
+            entries = await client.metadata(timeout=cfg.hub_timeout)
+            namespace = Namespace(entries)
+            metrics.METADATA_ENTRIES.set(len(namespace))
+            cache = open_cache(cfg, namespace)
+            try:
+                await nursery.start(cache.run_writer)
+                fetcher = BlockFetcher(cache, client, nursery, hub_timeout=cfg.hub_timeout)
+                await _serve(cfg, SpokeFilesystem(namespace, fetcher), nursery, ready)
+                nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await cache.flush()
+                cache.close()
+
+
+def _set_read_ahead(mountpoint: str) -> None:
+    """Raise the mount's readahead; the kernel's FUSE default caps reads at 128 KiB."""
+    dev = os.stat(mountpoint).st_dev
+    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+    try:
+        with open(path, "w") as f:
+            f.write(str(READ_AHEAD_KB))
+    except OSError as exc:
+        log.warning("cannot raise readahead via %s (%s); reads stay at the kernel default",
+                    path, exc.strerror)
+
+
+async def _announce_when_live(cfg: SpokeConfig, entries: int, ready: Callable[[str], None]) -> None:
+    """Tell the caller we are ready only once the kernel has a working mount (it answers stat)."""
+    await trio.to_thread.run_sync(_set_read_ahead, cfg.mountpoint)
+    ready(f"mounted {cfg.mountpoint} ({entries} entries from {cfg.hub_host}:{cfg.hub_port})")
+
+
+async def _serve(cfg: SpokeConfig, fs: SpokeFilesystem, nursery: trio.Nursery,
+                 ready: Callable[[str], None]) -> None:
+    server = None
+    if cfg.metrics_port is not None:
+        server, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_addr)
+    # Resolve paths before mounting: touching the mountpoint after init, before main() runs,
+    # would ask this very process a question it cannot yet answer.
+    record = MountRecord(os.getpid(), os.path.realpath(cfg.mountpoint), cfg.cache_dir,
+                         f"{cfg.hub_host}:{cfg.hub_port}", cfg.metrics_port)
+    try:
+        pyfuse3.init(fs, cfg.mountpoint, mount_options(cfg))
+    except RuntimeError as exc:
+        raise MountError(f"FUSE refused to mount {cfg.mountpoint}: {exc}") from None
+    try:
+        write_record(record)
+        nursery.start_soon(_watch_signals)
+        nursery.start_soon(_announce_when_live, cfg, len(fs.namespace), ready)
+        await pyfuse3.main()
+    finally:
+        pyfuse3.close(unmount=True)
+        remove_record(record.mountpoint, record.pid)
+        if server is not None:
+            server.shutdown()

@@ -1,0 +1,121 @@
+"""The read path: block keys, cache hits, and single-flight fetches of the missing range.
+
+All readers waiting for the same missing block share one fetch: the first reader registers a
+fetch for the whole missing span and every later reader of any block in it waits on that
+fetch. Fetches run in the daemon's nursery, so a reader that goes away never strands others.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+
+from fabric.client import HubClient
+from fabric.protocol import MAX_READ_BLOCKS, MetaEntry
+from neuralcache.blocks import BLOCK_SIZE, blocks_for_read
+
+from . import metrics
+from .block_cache import BlockCache
+from .block_store import BlockKey
+
+log = logging.getLogger(__name__)
+
+
+class ShortReadError(Exception):
+    """The hub returned fewer bytes than the snapshot's size promises: the file changed."""
+
+
+@dataclass
+class _Fetch:
+    first: int
+    count: int
+    done: trio.Event = field(default_factory=trio.Event)
+    blocks: dict[int, bytes] = field(default_factory=dict)
+    error: BaseException | None = None
+
+
+class BlockFetcher:
+    """Serves byte ranges of snapshot files from the cache, fetching what is missing."""
+
+    def __init__(self, cache: BlockCache, client: HubClient, nursery: trio.Nursery, *,
+                 hub_timeout: float) -> None:
+        self.cache = cache
+        self.client = client
+        self.hub_timeout = hub_timeout
+        self._nursery = nursery
+        self._inflight: dict[BlockKey, _Fetch] = {}
+
+    async def read(self, entry: MetaEntry, offset: int, length: int) -> bytes:
+        """``length`` bytes of ``entry`` at ``offset`` (fewer at end of file)."""
+        span = blocks_for_read(offset, length, entry.size)
+        if span.count == 0:
+            return b""
+        started = trio.current_time()
+        keys = [BlockKey(entry.file_id, entry.version, b) for b in range(span.first, span.end)]
+        blocks = await self.cache.get_many(keys)
+        from_cache = set(blocks)
+        missing = [k for k in keys if k not in blocks]
+        metrics.CACHE_HITS.inc(len(from_cache))
+        if missing:
+            metrics.CACHE_MISSES.inc(len(missing))
+            blocks.update(await self._fetch(entry, missing))
+        start = offset - span.first * BLOCK_SIZE
+        data = b"".join(blocks[k] for k in keys)[start:start + length]
+        self._account(keys, from_cache, start, len(data), started)
+        return data
+
+    @staticmethod
+    def _account(keys: list[BlockKey], from_cache: set[BlockKey], start: int, length: int,
+                 started: float) -> None:
+        cached_bytes = 0
+        for i, key in enumerate(keys):
+            if key in from_cache:
+                lo = max(start, i * BLOCK_SIZE)
+                hi = min(start + length, (i + 1) * BLOCK_SIZE)
+                cached_bytes += max(0, hi - lo)
+        metrics.READ_BYTES.labels(metrics.SOURCE_CACHE).inc(cached_bytes)
+        metrics.READ_BYTES.labels(metrics.SOURCE_HUB).inc(length - cached_bytes)
+        source = metrics.SOURCE_CACHE if len(from_cache) == len(keys) else metrics.SOURCE_HUB
+        metrics.READ_LATENCY.labels(source).observe(trio.current_time() - started)
+
+    async def _fetch(self, entry: MetaEntry, missing: list[BlockKey]) -> dict[BlockKey, bytes]:
+        new = [k for k in missing if k not in self._inflight]
+        if new:
+            self._start_fetches(entry, new[0].block, new[-1].block + 1)
+        waiting = {k: self._inflight[k] for k in missing}
+        for fetch in {id(f): f for f in waiting.values()}.values():  # each distinct fetch once
+            await fetch.done.wait()
+            if fetch.error is not None:
+                raise fetch.error
+        return {k: f.blocks[k.block] for k, f in waiting.items()}
+
+    def _start_fetches(self, entry: MetaEntry, first: int, end: int) -> None:
+        """One fetch for the missing span (split only at the protocol's request size limit)."""
+        for chunk in range(first, end, MAX_READ_BLOCKS):
+            fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk))
+            for b in range(fetch.first, fetch.first + fetch.count):
+                self._inflight.setdefault(BlockKey(entry.file_id, entry.version, b), fetch)
+            self._nursery.start_soon(self._run, entry, fetch)
+
+    async def _run(self, entry: MetaEntry, fetch: _Fetch) -> None:
+        try:
+            data = await self.client.read(entry.file_id, entry.version, fetch.first, fetch.count,
+                                          deadline=trio.current_time() + self.hub_timeout)
+            expected = min(fetch.count * BLOCK_SIZE, entry.size - fetch.first * BLOCK_SIZE)
+            if len(data) != expected:
+                raise ShortReadError(f"hub sent {len(data)} bytes of {entry.path!r} where the "
+                                     f"snapshot promises {expected}")
+            for i in range(fetch.count):
+                block = data[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+                fetch.blocks[fetch.first + i] = block
+                self.cache.put(BlockKey(entry.file_id, entry.version, fetch.first + i), block)
+        except Exception as exc:  # handed to every waiting reader, which translates it
+            fetch.error = exc
+        finally:
+            for b in range(fetch.first, fetch.first + fetch.count):
+                key = BlockKey(entry.file_id, entry.version, b)
+                if self._inflight.get(key) is fetch:
+                    del self._inflight[key]
+            fetch.done.set()
