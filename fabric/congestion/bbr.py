@@ -1,0 +1,305 @@
+"""BBR v1 (Linux's tcp_bbr.c) over request-sized "packets", in bytes and float seconds.
+
+Model: BtlBw = windowed max of delivery-rate samples over 10 packet-timed round trips;
+min_rtt = minimum RTT, refreshed at least every 10 s (PROBE_RTT forces a refresh).
+pacing_rate = pacing_gain * BtlBw * 0.99; cwnd = cwnd_gain * BtlBw * min_rtt + 3 segments.
+
+Left out relative to the kernel (see docs/congestion.md): the long-term policer detector
+(lt_bw), ACK-aggregation cwnd boost (extra_acked) and the packet-conservation round of loss
+recovery. Losses only take the lost bytes out of cwnd, which later acks grow back toward the
+model's target - the kernel's arithmetic outside its first recovery round - so loss never
+lowers the pacing rate or the bandwidth model.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+
+from .base import (
+    DEFAULT_INITIAL_RTT,
+    DEFAULT_MSS,
+    INITIAL_WINDOW_SEGMENTS,
+    CongestionStats,
+    RateSample,
+    SampledController,
+)
+from .windowed_filter import WindowedFilter
+
+HIGH_GAIN = 2 / math.log(2)
+"""STARTUP pacing and cwnd gain (~2.885): the smallest that doubles delivery each round."""
+
+DRAIN_GAIN = 1 / HIGH_GAIN
+"""DRAIN pacing gain: empties the STARTUP queue in about one round."""
+
+CWND_GAIN = 2.0
+"""PROBE_BW cwnd gain: room for delayed/stretched acks and for the 1.25 probing phase."""
+
+PACING_GAIN_CYCLE = (1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+"""PROBE_BW pacing gains, one phase per min_rtt: probe up, drain, then cruise six phases."""
+
+CYCLE_RANDOM_PHASES = 7
+"""The PROBE_BW cycle starts at a random phase other than the 0.75 one (kernel: bbr_cycle_rand)."""
+
+BW_FILTER_ROUNDS = len(PACING_GAIN_CYCLE) + 2
+"""BtlBw max-filter window, in round trips (10): one full gain cycle plus slack."""
+
+MIN_RTT_WINDOW = 10.0
+"""Seconds a min_rtt sample stays valid before PROBE_RTT re-measures it."""
+
+PROBE_RTT_DURATION = 0.2
+"""Seconds spent at the minimum cwnd in PROBE_RTT (~2 % of MIN_RTT_WINDOW)."""
+
+FULL_BW_GROWTH = 1.25
+"""STARTUP goes on while BtlBw grows by at least 25 % per round..."""
+
+FULL_BW_ROUNDS = 3
+"""...and ends after this many rounds without such growth."""
+
+PACING_MARGIN = 0.01
+"""Pace 1 % below the estimate so the bottleneck queue drains on average."""
+
+QUANTIZATION_SEGMENTS = 1
+"""Segments added to the inflight targets that end DRAIN and the PROBE_BW phases (the kernel
+budgets 3 TSO bursts): requests are atomic, so inflight tracks a target only to within one
+request. Whatever is added here is left as standing queue, so keep it at one segment."""
+
+PROBE_EXTRA_SEGMENTS = 2
+"""Extra segments during the 1.25 phase so probing lifts inflight above BDP even at small BDPs."""
+
+
+class BBRState(enum.Enum):
+    STARTUP = "startup"
+    DRAIN = "drain"
+    PROBE_BW = "probe_bw"
+    PROBE_RTT = "probe_rtt"
+
+
+class BBR(SampledController):
+    """Sans-IO BBR v1: feed it sends, acks and losses with `now`; read pacing_rate and cwnd."""
+
+    name = "bbr"
+
+    def __init__(
+        self,
+        *,
+        initial_rtt: float = DEFAULT_INITIAL_RTT,
+        mss: int = DEFAULT_MSS,
+        seed: int | None = None,
+    ) -> None:
+        super().__init__(initial_rtt=initial_rtt, mss=mss)
+        self._rng = random.Random(seed)
+        self.state = BBRState.STARTUP
+        self.pacing_gain = HIGH_GAIN
+        self.cwnd_gain = HIGH_GAIN
+        self._bw = WindowedFilter.max_filter(BW_FILTER_ROUNDS)
+        self._request_size = WindowedFilter.max_filter(BW_FILTER_ROUNDS)
+        self.round_count = 0
+        self._next_round_delivered = 0
+        self._round_start = False
+        self.min_rtt = math.inf
+        self._min_rtt_stamp = 0.0
+        self._has_seen_rtt = False
+        self.full_bw_reached = False
+        self._full_bw = 0.0
+        self._full_bw_count = 0
+        self._cycle_index = 0
+        self._cycle_stamp = 0.0
+        self._prior_cwnd = 0
+        self._probe_rtt_done_stamp: float | None = None
+        self._probe_rtt_round_done = False
+        self._idle_restart = False
+        self._pacing_rate = self._rate(
+            INITIAL_WINDOW_SEGMENTS * mss / initial_rtt, HIGH_GAIN
+        )
+
+    # -- model accessors ---------------------------------------------------------------
+
+    @property
+    def btl_bw(self) -> float:
+        """Bottleneck-bandwidth estimate, bytes/s (0 before the first sample)."""
+        return self._bw.get() or 0.0
+
+    def stats(self) -> CongestionStats:
+        return self._stats(state=self.state.value, btl_bw=self.btl_bw, min_rtt=self.min_rtt)
+
+    # -- events ------------------------------------------------------------------------
+
+    def on_packet_sent(self, now: float, packet_id: int, nbytes: int) -> None:
+        if self.sampler.bytes_in_flight == 0 and self.sampler.is_app_limited:
+            # Restarting from idle: no need to probe, pace at the estimate (bbr_cwnd_event).
+            self._idle_restart = True
+            if self.state is BBRState.PROBE_BW:
+                self._set_pacing_rate(self.btl_bw, 1.0)
+            elif self.state is BBRState.PROBE_RTT:
+                self._check_probe_rtt_done(now)
+        self._request_size.update(nbytes, self.round_count)
+        self.sampler.on_sent(now, packet_id, nbytes)
+
+    def on_packet_acked(self, now: float, packet_id: int) -> None:
+        rs = self.sampler.on_acked(now, packet_id)
+        self._update_bw(rs)
+        self._update_cycle_phase(rs)
+        self._check_full_bw_reached(rs)
+        self._check_drain()
+        self._update_min_rtt(now, rs)
+        self._update_gains()
+        self._set_pacing_rate(self.btl_bw, self.pacing_gain)
+        self._set_cwnd(rs.packet.nbytes)
+
+    def on_packet_lost(self, now: float, packet_id: int) -> None:
+        packet = self.sampler.on_lost(packet_id)
+        self._cwnd = max(self._cwnd - packet.nbytes, self.min_cwnd)
+
+    # -- model updates (one per tcp_bbr.c function) --------------------------------------
+
+    def _update_bw(self, rs: RateSample) -> None:
+        self._round_start = False
+        if not rs.valid:
+            return
+        if rs.prior_delivered >= self._next_round_delivered:
+            self._next_round_delivered = self.sampler.delivered
+            self.round_count += 1
+            self._round_start = True
+        bw = rs.delivery_rate
+        # App-limited samples show the application's rate, not the path's: keep them out
+        # unless they are at least as high as the current estimate.
+        if not rs.is_app_limited or bw >= self.btl_bw:
+            self._bw.update(bw, self.round_count)
+
+    def _update_cycle_phase(self, rs: RateSample) -> None:
+        if self.state is BBRState.PROBE_BW and self._is_next_cycle_phase(rs):
+            self._advance_cycle_phase()
+
+    def _is_next_cycle_phase(self, rs: RateSample) -> bool:
+        full_length = self.sampler.delivered_time - self._cycle_stamp > self.min_rtt
+        gain = self.pacing_gain
+        if gain == 1.0:
+            return full_length
+        if gain > 1.0:
+            # Probe until inflight reaches gain*BDP; give up early on loss (shallow buffer).
+            return full_length and (
+                rs.losses > 0 or rs.prior_in_flight >= self._inflight(self.btl_bw, gain)
+            )
+        # Drain phase: stop as soon as the queue we added is estimated gone.
+        return full_length or rs.prior_in_flight <= self._inflight(self.btl_bw, 1.0)
+
+    def _advance_cycle_phase(self) -> None:
+        self._cycle_index = (self._cycle_index + 1) % len(PACING_GAIN_CYCLE)
+        self._cycle_stamp = self.sampler.delivered_time
+
+    def _check_full_bw_reached(self, rs: RateSample) -> None:
+        if self.full_bw_reached or not self._round_start or rs.is_app_limited:
+            return
+        if self.btl_bw >= self._full_bw * FULL_BW_GROWTH:
+            self._full_bw = self.btl_bw
+            self._full_bw_count = 0
+            return
+        self._full_bw_count += 1
+        self.full_bw_reached = self._full_bw_count >= FULL_BW_ROUNDS
+
+    def _check_drain(self) -> None:
+        if self.state is BBRState.STARTUP and self.full_bw_reached:
+            self.state = BBRState.DRAIN
+        if (
+            self.state is BBRState.DRAIN
+            and self.sampler.bytes_in_flight <= self._inflight(self.btl_bw, 1.0)
+        ):
+            self._enter_probe_bw()
+
+    def _update_min_rtt(self, now: float, rs: RateSample) -> None:
+        expired = now > self._min_rtt_stamp + MIN_RTT_WINDOW
+        if rs.rtt <= self.min_rtt or expired:
+            self.min_rtt = rs.rtt
+            self._min_rtt_stamp = now
+        if expired and not self._idle_restart and self.state is not BBRState.PROBE_RTT:
+            self._prior_cwnd = self._cwnd  # restored when PROBE_RTT ends
+            self.state = BBRState.PROBE_RTT
+            self._probe_rtt_done_stamp = None
+        if self.state is BBRState.PROBE_RTT:
+            # Samples taken at the tiny PROBE_RTT cwnd say nothing about the path's rate.
+            self.sampler.mark_app_limited()
+            if self._probe_rtt_done_stamp is None and self.sampler.bytes_in_flight <= self.min_cwnd:
+                self._probe_rtt_done_stamp = now + PROBE_RTT_DURATION
+                self._probe_rtt_round_done = False
+                self._next_round_delivered = self.sampler.delivered
+            elif self._probe_rtt_done_stamp is not None:
+                if self._round_start:
+                    self._probe_rtt_round_done = True
+                if self._probe_rtt_round_done:
+                    self._check_probe_rtt_done(now)
+        if rs.delivered > 0:
+            self._idle_restart = False
+
+    def _update_gains(self) -> None:
+        if self.state is BBRState.STARTUP:
+            self.pacing_gain, self.cwnd_gain = HIGH_GAIN, HIGH_GAIN
+        elif self.state is BBRState.DRAIN:
+            self.pacing_gain, self.cwnd_gain = DRAIN_GAIN, HIGH_GAIN
+        elif self.state is BBRState.PROBE_BW:
+            self.pacing_gain, self.cwnd_gain = PACING_GAIN_CYCLE[self._cycle_index], CWND_GAIN
+        else:
+            self.pacing_gain, self.cwnd_gain = 1.0, 1.0
+
+    # -- state transitions ------------------------------------------------------------
+
+    def _enter_probe_bw(self) -> None:
+        self.state = BBRState.PROBE_BW
+        # Start at a random phase, never the 0.75 one, so competing flows desynchronise.
+        self._cycle_index = (
+            len(PACING_GAIN_CYCLE) - 1 - self._rng.randrange(CYCLE_RANDOM_PHASES)
+        )
+        self._advance_cycle_phase()
+
+    def _check_probe_rtt_done(self, now: float) -> None:
+        if self._probe_rtt_done_stamp is None or now <= self._probe_rtt_done_stamp:
+            return
+        self._min_rtt_stamp = now  # min_rtt is fresh: wait another window before probing
+        self._cwnd = max(self._cwnd, self._prior_cwnd)
+        if self.full_bw_reached:
+            self._enter_probe_bw()
+        else:
+            self.state = BBRState.STARTUP
+        self._probe_rtt_done_stamp = None
+
+    # -- outputs ------------------------------------------------------------------------
+
+    def _rate(self, bw: float, gain: float) -> float:
+        return bw * gain * (1 - PACING_MARGIN)
+
+    def _set_pacing_rate(self, bw: float, gain: float) -> None:
+        if not self._has_seen_rtt and math.isfinite(self.sampler.srtt):
+            # First RTT sample: replace the guessed initial RTT in the startup rate.
+            self._has_seen_rtt = True
+            self._pacing_rate = self._rate(self._cwnd / self.sampler.srtt, HIGH_GAIN)
+        rate = self._rate(bw, gain)
+        if self.full_bw_reached or rate > self._pacing_rate:
+            self._pacing_rate = rate
+
+    def _bdp(self, bw: float, gain: float) -> int:
+        if math.isinf(self.min_rtt):
+            return INITIAL_WINDOW_SEGMENTS * self.mss
+        return math.ceil(bw * self.min_rtt * gain)
+
+    def _inflight(self, bw: float, gain: float) -> int:
+        """Target bytes in flight for `gain`, including the quantization budget."""
+        inflight = self._bdp(bw, gain) + QUANTIZATION_SEGMENTS * self.mss
+        if self.state is BBRState.PROBE_BW and self._cycle_index == 0:
+            inflight += PROBE_EXTRA_SEGMENTS * self.mss
+        return inflight
+
+    def _set_cwnd(self, acked: int) -> None:
+        # Room for one whole request of the largest recent size: a request may start only
+        # while inflight < cwnd, and one larger than the spare window must still pipeline.
+        largest = max(self.mss, self._request_size.get() or 0)
+        target = self._inflight(self.btl_bw, self.cwnd_gain) + largest - self.mss
+        cwnd = self._cwnd
+        if self.full_bw_reached:
+            cwnd = min(cwnd + acked, target)  # grow toward, or snap down to, the target
+        elif cwnd < target or self.sampler.delivered < INITIAL_WINDOW_SEGMENTS * self.mss:
+            cwnd += acked  # slow-start toward the target while the estimate grows
+        cwnd = max(cwnd, self.min_cwnd)
+        if self.state is BBRState.PROBE_RTT:
+            cwnd = min(cwnd, self.min_cwnd)  # drain the queue to see the true min RTT
+        self._cwnd = cwnd

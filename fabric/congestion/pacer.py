@@ -1,0 +1,68 @@
+"""Token-bucket pacer that spaces request sends at a controller's pacing rate.
+
+Kept apart from the controllers (like aioquic's QuicPacketPacer) so either controller can drive
+it and the fetcher owns the timing. Tokens are bytes refilled at `rate`, capped at `burst`.
+A request may go once the bucket holds min(nbytes, burst) tokens and then costs all its
+bytes, so the balance can go negative: a request larger than the bucket is not blocked
+forever, it only delays the ones after it. Hence, over any interval of length T, bytes sent
+<= max(burst, largest request) + rate * T.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .base import DEFAULT_MSS
+
+DEFAULT_BURST = 2 * DEFAULT_MSS
+"""Default bucket size in bytes: two minimum-size requests may leave back to back."""
+
+SLACK_BYTES = 1.0
+"""A send may go this many bytes early so float rounding of a wake-up time cannot spin."""
+
+
+class Pacer:
+    """Sans-IO token bucket: ask `next_send_time`, wait until then, call `on_sent`."""
+
+    def __init__(self, rate: float, *, burst: int = DEFAULT_BURST) -> None:
+        if burst <= 0:
+            raise ValueError(f"burst must be positive, got {burst}")
+        self.burst = burst
+        self._rate = self._checked(rate)
+        self._tokens = float(burst)
+        self._stamp: float | None = None  # when _tokens was last brought up to date
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    def update_rate(self, rate: float, now: float | None = None) -> None:
+        """Set a new rate; pass `now` so that the time elapsed so far refills at the old rate."""
+        rate = self._checked(rate)
+        if now is not None:
+            self._tokens = self._tokens_at(now)
+            self._stamp = now
+        self._rate = rate
+
+    def next_send_time(self, now: float, nbytes: int) -> float:
+        """Earliest time (>= now) at which a request of `nbytes` may be sent."""
+        deficit = min(nbytes, self.burst) - self._tokens_at(now)
+        if deficit <= SLACK_BYTES:
+            return now
+        return now + deficit / self._rate
+
+    def on_sent(self, now: float, nbytes: int) -> None:
+        self._tokens = self._tokens_at(now) - nbytes
+        self._stamp = now
+
+    def _tokens_at(self, now: float) -> float:
+        if self._stamp is None:
+            return self._tokens
+        elapsed = max(0.0, now - self._stamp)
+        return min(float(self.burst), self._tokens + elapsed * self._rate)
+
+    @staticmethod
+    def _checked(rate: float) -> float:
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"pacing rate must be positive and finite, got {rate}")
+        return float(rate)

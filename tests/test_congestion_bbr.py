@@ -1,0 +1,204 @@
+"""BBR (fabric.congestion.bbr): unit behaviour, and on the simulated link of bench/linksim.py.
+
+Link numbers: 200 Mbit/s = 25e6 bytes/s, 60 ms base RTT (BDP 1.5 MB, ~23 requests of 64 KiB);
+the long path is 100 Mbit/s at 900 ms (BDP 11 MB). "Loss" is per request (see linksim).
+"""
+
+import pytest
+
+from fabric.congestion import BBR, BBRState, Cubic
+from fabric.congestion.bbr import HIGH_GAIN, PACING_GAIN_CYCLE, PACING_MARGIN
+from bench.linksim import AppLimit, FlowSpec, LinkConfig, simulate
+
+MSS = 64 * 1024
+KIB = 1024
+RATE = 25e6
+RTT = 0.06
+LINK = LinkConfig(rate=RATE, rtt=RTT)
+
+
+def _window_utilizations(result, start_rtts, end_rtts, width=5):
+    return [
+        (k, result.utilization(k * RTT, (k + width) * RTT))
+        for k in range(start_rtts, end_rtts - width + 1)
+    ]
+
+
+def test_initial_pacing_rate_is_high_gain_over_initial_window():
+    cc = BBR(initial_rtt=0.1, mss=MSS)
+    assert cc.state is BBRState.STARTUP
+    assert cc.pacing_rate == pytest.approx(HIGH_GAIN * 10 * MSS / 0.1 * (1 - PACING_MARGIN))
+
+
+def test_converges_to_the_bottleneck_within_30_round_trips():
+    r = simulate(LINK, [FlowSpec(BBR(seed=1))], 60 * RTT, seed=1)
+    windows = _window_utilizations(r, 0, 60)
+    # The first 5-RTT window from which goodput never again drops below 90 % of line rate.
+    settled = next(k for k, _ in windows if all(u >= 0.9 for j, u in windows if j >= k))
+    assert settled + 5 <= 30
+    stats = r.flows[0].snapshot_at(30 * RTT)
+    assert stats.state == "probe_bw"
+    assert stats.btl_bw == pytest.approx(RATE, rel=0.02)
+    assert stats.min_rtt == pytest.approx(RTT + MSS / RATE, abs=1e-6)
+
+
+def test_pacing_rate_is_gain_times_btl_bw_in_probe_bw():
+    r = simulate(LINK, [FlowSpec(BBR(seed=1))], 3.0, seed=1, snapshot_interval=0.01)
+    gains = {
+        round(s.pacing_rate / s.btl_bw / (1 - PACING_MARGIN), 6)
+        for t, s in r.flows[0].snapshots
+        if t > 1.5
+    }
+    assert gains == set(PACING_GAIN_CYCLE)
+
+
+def test_queue_stays_bounded_even_with_a_deep_buffer():
+    """A 10-BDP buffer: BBR's own model, not the buffer, must keep the queue small."""
+    link = LinkConfig(rate=RATE, rtt=RTT, queue_limit=int(10 * LINK.bdp))
+    r = simulate(link, [FlowSpec(BBR(seed=1))], 10.0, seed=1)
+    probe_bw = r.flows[0].first_time_in("probe_bw")
+    assert r.tail_drops == 0
+    assert r.queue_peak(0, 10.0) <= 2.25 * link.bdp  # the STARTUP overshoot, then DRAIN
+    assert r.queue_peak(probe_bw + 1.0, 10.0) <= 0.5 * link.bdp
+    assert r.queue_mean(probe_bw + 1.0, 10.0) <= 0.15 * link.bdp
+    assert r.utilization(probe_bw + 1.0, 10.0) >= 0.97
+
+
+@pytest.mark.parametrize(
+    ("rate", "rtt", "duration", "measure_from", "cubic_at_most"),
+    [
+        # 60 ms: CUBIC, counting 64 KiB segments, loses about half (not a collapse): see docs.
+        pytest.param(25e6, 0.06, 8.0, 20 * 0.06, 0.75, id="200Mbit-60ms"),
+        pytest.param(12.5e6, 0.9, 60.0, 25.0, 0.3, id="100Mbit-900ms"),
+    ],
+)
+def test_holds_rate_under_one_percent_loss_where_cubic_does_not(
+    rate, rtt, duration, measure_from, cubic_at_most
+):
+    link = LinkConfig(rate=rate, rtt=rtt, loss=0.01)
+    bbr = simulate(link, [FlowSpec(BBR(seed=0))], duration, seed=0)
+    cubic = simulate(link, [FlowSpec(Cubic())], duration, seed=0)
+    bbr_util = bbr.utilization(measure_from, duration)
+    cubic_util = cubic.utilization(measure_from, duration)
+    assert bbr_util >= 0.9
+    assert cubic_util <= cubic_at_most
+    assert bbr_util >= 1.3 * cubic_util
+    # The model is untouched by loss: BtlBw is the line rate at the end.
+    assert bbr.flows[0].snapshots[-1][1].btl_bw == pytest.approx(rate, rel=0.02)
+
+
+def _steady_pipe(cc, n, *, lose=()):
+    """Feed n requests sent every MSS/RATE and acked RTT later; ids in `lose` are lost instead."""
+    dt = MSS / RATE
+    events = [(i * dt, 0, i) for i in range(n)] + [(i * dt + RTT, 1, i) for i in range(n)]
+    for t, kind, i in sorted(events):
+        if kind == 0:
+            cc.on_packet_sent(t, i, MSS)
+        elif i in lose:
+            cc.on_packet_lost(t, i)
+        else:
+            cc.on_packet_acked(t, i)
+
+
+def test_loss_does_not_lower_the_model_or_the_rate():
+    clean, lossy = BBR(seed=3, mss=MSS), BBR(seed=3, mss=MSS)
+    _steady_pipe(clean, 600)
+    _steady_pipe(lossy, 600, lose=set(range(300, 600, 25)))  # 4 % of requests
+    assert lossy.state is clean.state is BBRState.PROBE_BW
+    assert lossy.btl_bw == pytest.approx(clean.btl_bw, rel=0.01)
+    assert lossy.min_rtt == clean.min_rtt
+    # Loss may end a 1.25 probing phase early (as in the kernel), but the rate per unit of
+    # gain is the same model rate.
+    assert lossy.pacing_rate / lossy.pacing_gain == pytest.approx(
+        clean.pacing_rate / clean.pacing_gain, rel=0.01
+    )
+
+
+def test_a_loss_takes_only_the_lost_bytes_out_of_cwnd():
+    cc = BBR(seed=3, mss=MSS)
+    _steady_pipe(cc, 300)
+    for i in range(300, 310):
+        cc.on_packet_sent(300 * MSS / RATE, i, MSS)
+    before_cwnd, before_rate = cc.cwnd, cc.pacing_rate
+    cc.on_packet_lost(300 * MSS / RATE + RTT, 300)
+    assert cc.cwnd == max(before_cwnd - MSS, cc.min_cwnd)
+    assert cc.pacing_rate == before_rate
+
+
+def test_two_flows_share_the_link_fairly():
+    flows = [FlowSpec(BBR(seed=10)), FlowSpec(BBR(seed=11), start=2.0)]
+    r = simulate(LINK, flows, 30.0, seed=2)
+    assert r.jain_index(15.0, 30.0) >= 0.9
+    assert r.utilization(15.0, 30.0) >= 0.95
+
+
+def test_probe_rtt_starts_ten_seconds_after_the_last_min_rtt_sample():
+    """Stop-and-wait: one RTT sample of 50 ms, then 60 ms forever: min_rtt is never renewed."""
+    cc = BBR(seed=0, mss=MSS)
+    t, pid, states = 0.0, 0, []
+    while t < 11.0:
+        cc.on_packet_sent(t, pid, MSS)
+        t += 0.05 if pid == 0 else 0.06
+        cc.on_packet_acked(t, pid)
+        states.append((t, cc.state, cc.cwnd, cc.min_rtt))
+        pid += 1
+    entered = next(t for t, s, _, _ in states if s is BBRState.PROBE_RTT)
+    left = next(t for t, s, _, _ in states if t > entered and s is not BBRState.PROBE_RTT)
+    assert 10.05 < entered <= 10.05 + 0.06  # first ack after min_rtt (taken at 0.05 s) expired
+    assert 0.2 <= left - entered <= 0.2 + 2 * 0.06  # 200 ms plus finishing a round trip
+    assert all(cwnd <= 4 * MSS for t, s, cwnd, _ in states if s is BBRState.PROBE_RTT)
+    assert cc.min_rtt == pytest.approx(0.06)
+    assert cc.state is BBRState.PROBE_BW
+
+
+def test_probe_rtt_follows_a_route_change_on_the_simulated_link():
+    new_rtt = 0.08
+    link = LinkConfig(rate=RATE, rtt=RTT, rtt_change=(3.0, new_rtt))
+    r = simulate(link, [FlowSpec(BBR(seed=1))], 16.0, seed=1, snapshot_interval=0.01)
+    flow = r.flows[0]
+    entered = flow.first_time_in("probe_rtt")
+    # min_rtt was last matched no later than the route change (plus one old RTT).
+    assert 10.0 <= entered <= 3.0 + RTT + 10.0
+    left = flow.first_time_in("probe_bw", after=entered)
+    assert 0.2 <= left - entered <= 0.2 + 3 * new_rtt
+    assert all(s.cwnd <= 4 * MSS for t, s in flow.snapshots if s.state == "probe_rtt")
+    after = flow.snapshot_at(left + 0.5)
+    assert after.min_rtt == pytest.approx(new_rtt + MSS / RATE, abs=1e-6)
+    assert r.utilization(left + 1.0, 16.0) >= 0.95
+
+
+class _IgnoresAppLimited(BBR):
+    """Control for the app-limited test: a BBR that is never told it was app-limited."""
+
+    def on_app_limited(self, now):
+        pass
+
+
+@pytest.mark.parametrize(("cls", "keeps_estimate"), [(BBR, True), (_IgnoresAppLimited, False)])
+def test_app_limited_samples_do_not_lower_btl_bw(cls, keeps_estimate):
+    app = AppLimit(start=3.0, end=6.0, rate=0.2 * RATE)  # 10 s of quiet at a fifth of the link
+    r = simulate(LINK, [FlowSpec(cls(seed=1), app_limit=app)], 7.0, seed=1)
+    flow = r.flows[0]
+    assert flow.goodput(3.5, 6.0) == pytest.approx(0.2 * RATE, rel=0.05)
+    during = flow.snapshot_at(5.9).btl_bw
+    if keeps_estimate:
+        assert during == pytest.approx(RATE, rel=0.02)
+        assert flow.goodput(6.2, 7.0) >= 0.95 * RATE  # back at full rate within ~3 RTTs
+    else:
+        assert during <= 0.3 * RATE
+
+
+@pytest.mark.parametrize(
+    ("sizes", "min_util", "max_mean_queue_bdps"),
+    [
+        pytest.param((64 * KIB, 256 * KIB, 1024 * KIB), 0.95, 0.15, id="64K-1M"),
+        # Each 4 MiB response is 2.8 BDPs: the queue holds about one of them at times.
+        pytest.param((64 * KIB, 4096 * KIB), 0.95, 1.5, id="64K-4M"),
+    ],
+)
+def test_mixed_request_sizes(sizes, min_util, max_mean_queue_bdps):
+    link = LinkConfig(rate=RATE, rtt=RTT, queue_limit=int(10 * LINK.bdp))
+    r = simulate(link, [FlowSpec(BBR(seed=1), request_sizes=sizes)], 10.0, seed=1)
+    assert r.utilization(4.0, 10.0) >= min_util
+    assert r.queue_mean(4.0, 10.0) <= max_mean_queue_bdps * link.bdp
+    assert r.flows[0].snapshot_at(10.0).btl_bw == pytest.approx(RATE, rel=0.02)

@@ -1,0 +1,92 @@
+"""The token-bucket pacer (fabric.congestion.pacer)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fabric.congestion import Pacer
+from fabric.congestion.pacer import SLACK_BYTES
+
+MSS = 64 * 1024
+
+rates = st.floats(min_value=1e5, max_value=1e10)
+bursts = st.integers(min_value=1, max_value=16 * MSS)
+sizes = st.lists(st.integers(min_value=1, max_value=4 * 1024 * 1024), min_size=1, max_size=40)
+gaps = st.lists(st.floats(min_value=0, max_value=0.05), min_size=40, max_size=40)
+
+
+def _send_all(pacer, sizes, gaps):
+    """A sender that becomes ready after each gap and then waits for the pacer."""
+    now, times = 0.0, []
+    for size, gap in zip(sizes, gaps):
+        now += gap
+        ready = pacer.next_send_time(now, size)
+        assert ready >= now
+        now = ready
+        # Asked again at the time it named, the pacer says go.
+        assert pacer.next_send_time(now, size) == now
+        pacer.on_sent(now, size)
+        times.append(now)
+    return times
+
+
+@given(rates, bursts, sizes, gaps)
+def test_bytes_sent_in_any_interval_are_bounded_by_burst_plus_rate(rate, burst, sizes, gaps):
+    times = _send_all(Pacer(rate, burst=burst), sizes, gaps)
+    allowance = max(burst, max(sizes)) + SLACK_BYTES
+    for i in range(len(times)):
+        for j in range(i, len(times)):
+            sent = sum(sizes[i : j + 1])
+            assert sent <= allowance + rate * (times[j] - times[i]) * (1 + 1e-9)
+
+
+@given(rates, bursts, st.integers(min_value=1, max_value=4 * 1024 * 1024))
+def test_a_greedy_sender_runs_at_the_rate(rate, burst, size):
+    n = 50
+    times = _send_all(Pacer(rate, burst=burst), [size] * n, [0.0] * n)
+    # After the initial bucket, each request waits for its own bytes' worth of tokens.
+    elapsed = times[-1] - times[0]
+    expected = max(0, n * size - max(burst, size)) / rate
+    assert elapsed == pytest.approx(expected, rel=1e-6, abs=2 * SLACK_BYTES / rate)
+
+
+def test_full_bucket_allows_an_initial_burst_then_paces():
+    pacer = Pacer(1e6, burst=2 * MSS)
+    assert pacer.next_send_time(0.0, MSS) == 0.0
+    pacer.on_sent(0.0, MSS)
+    assert pacer.next_send_time(0.0, MSS) == 0.0
+    pacer.on_sent(0.0, MSS)
+    assert pacer.next_send_time(0.0, MSS) == pytest.approx(MSS / 1e6)
+
+
+def test_a_request_larger_than_the_bucket_goes_and_delays_the_next():
+    pacer = Pacer(1e6, burst=MSS)
+    big = 16 * MSS
+    assert pacer.next_send_time(0.0, big) == 0.0  # a full bucket is enough to start it
+    pacer.on_sent(0.0, big)
+    # The bucket is now 15 MSS in debt: the next request waits for that and its own tokens.
+    assert pacer.next_send_time(0.0, MSS) == pytest.approx(16 * MSS / 1e6)
+
+
+def test_idle_time_refills_only_up_to_the_burst():
+    pacer = Pacer(1e6, burst=2 * MSS)
+    pacer.on_sent(0.0, 2 * MSS)
+    pacer.on_sent(100.0, 2 * MSS)  # a long idle: the bucket was full, not 100 s worth
+    assert pacer.next_send_time(100.0, MSS) == pytest.approx(100.0 + MSS / 1e6)
+
+
+def test_update_rate_with_now_keeps_tokens_earned_at_the_old_rate():
+    pacer = Pacer(1e6, burst=MSS)
+    pacer.on_sent(0.0, MSS)
+    pacer.update_rate(1e3, now=MSS / 2e6)  # half a bucket earned at 1 MB/s
+    assert pacer.rate == 1e3
+    wait = pacer.next_send_time(MSS / 2e6, MSS) - MSS / 2e6
+    assert wait == pytest.approx((MSS / 2) / 1e3)
+
+
+@pytest.mark.parametrize("rate", [0.0, -1.0, float("inf"), float("nan")])
+def test_rate_must_be_positive_and_finite(rate):
+    with pytest.raises(ValueError):
+        Pacer(rate)
+    with pytest.raises(ValueError):
+        Pacer(1e6).update_rate(rate)
