@@ -1,0 +1,119 @@
+"""Sans-IO model of one direction of an emulated WAN link.
+
+The forwarder (``bench.wan_forwarder``) owns the file descriptors and the clock;
+this module only decides *what happens to a packet and when*, so its behaviour
+can be tested with a fake clock and no TUN devices.
+
+A packet offered to a direction goes through, in order:
+
+1. random loss (probability ``loss``, from a seedable RNG),
+2. a FIFO tail-drop queue bounded in bytes,
+3. serialization at ``rate_bps`` (a packet of ``n`` bytes occupies the link
+   for ``8 * n / rate_bps`` seconds),
+4. a constant one-way propagation delay.
+
+The queue is not stored separately: because the link is FIFO with a constant
+rate, the bytes still waiting to be serialized at time ``now`` are exactly
+``(busy_until - now) * rate / 8``. Every accepted packet gets its arrival time
+at the far end fixed on enqueue, and since both serialization end times and the
+delay are monotonic, a single deque ordered by arrival time is the whole state.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import asdict, dataclass
+
+BITS_PER_BYTE = 8
+QUEUE_SLACK_BYTES = 0.5  # backlog computed from float times may be off by a hair; below
+# half a byte it is rounding, not a queued packet, and must not cause a tail drop
+
+
+@dataclass
+class DirectionCounters:
+    """What happened to the packets offered to one direction.
+
+    ``forwarded`` counts packets handed out by :meth:`LinkDirection.due`
+    (i.e. delivered to the far end), so packets still in flight are in none of
+    the three groups until they arrive.
+    """
+
+    forwarded_packets: int = 0
+    forwarded_bytes: int = 0
+    lost_packets: int = 0
+    lost_bytes: int = 0
+    queue_dropped_packets: int = 0
+    queue_dropped_bytes: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class LinkDirection:
+    """One direction of the link: loss, tail-drop queue, rate, delay."""
+
+    def __init__(
+        self,
+        rate_bps: float,
+        delay: float,
+        queue_bytes: int,
+        loss: float = 0.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if rate_bps <= 0:
+            raise ValueError(f"rate must be positive, got {rate_bps}")
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0, got {delay}")
+        if queue_bytes <= 0:
+            raise ValueError(f"queue bound must be positive, got {queue_bytes}")
+        if not 0.0 <= loss < 1.0:
+            raise ValueError(f"loss must be in [0, 1), got {loss}")
+        self.rate_bps = rate_bps
+        self.delay = delay
+        self.queue_bytes = queue_bytes
+        self.loss = loss
+        self._rng = rng if rng is not None else random.Random()
+        self._busy_until = float("-inf")  # when the serializer finishes its backlog
+        self._in_flight: deque[tuple[float, bytes]] = deque()  # (arrival time, packet)
+        self.counters = DirectionCounters()
+
+    def backlog_bytes(self, now: float) -> float:
+        """Bytes accepted but not yet serialized onto the wire at ``now``."""
+        return max(0.0, self._busy_until - now) * self.rate_bps / BITS_PER_BYTE
+
+    def enqueue(self, now: float, packet: bytes) -> bool:
+        """Offer ``packet`` at time ``now``; False if it was lost or tail-dropped."""
+        size = len(packet)
+        if self.loss and self._rng.random() < self.loss:
+            self.counters.lost_packets += 1
+            self.counters.lost_bytes += size
+            return False
+        if self.backlog_bytes(now) + size > self.queue_bytes + QUEUE_SLACK_BYTES:
+            self.counters.queue_dropped_packets += 1
+            self.counters.queue_dropped_bytes += size
+            return False
+        start = max(now, self._busy_until)
+        self._busy_until = start + size * BITS_PER_BYTE / self.rate_bps
+        self._in_flight.append((self._busy_until + self.delay, packet))
+        return True
+
+    def due(self, now: float) -> list[bytes]:
+        """Remove and return, in order, every packet that has arrived by ``now``."""
+        out: list[bytes] = []
+        flight = self._in_flight
+        while flight and flight[0][0] <= now:
+            out.append(flight.popleft()[1])
+        if out:
+            self.counters.forwarded_packets += len(out)
+            self.counters.forwarded_bytes += sum(map(len, out))
+        return out
+
+    def next_wakeup(self) -> float | None:
+        """Arrival time of the next packet, or None when nothing is in flight."""
+        return self._in_flight[0][0] if self._in_flight else None
+
+    @property
+    def in_flight_packets(self) -> int:
+        """Packets accepted (queued or on the wire) and not yet delivered."""
+        return len(self._in_flight)
