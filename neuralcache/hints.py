@@ -1,0 +1,201 @@
+"""Clairvoyance: the training job announces its upcoming read order to the mount.
+
+Wire format of the control file ``MOUNT/.neuralcache/hints`` (write-only): a byte stream of
+records, each a 4-byte big-endian length followed by that many bytes of one msgpack map::
+
+    {"v": 1, "epoch": int, "source": str, "items": [[path, offset, length], ...]}
+
+``path`` is relative to the mount root; ``source`` names the announcer (a rank) so several
+samplers' orders stay separate sequences; records with the same source and epoch append to one
+another in order, so one epoch may span many records and many writes. A record may be split
+across writes (the kernel cuts large writes), so the mount feeds every write of one open file to
+a ``HintDecoder``. Unknown keys are ignored, so later versions can add fields.
+
+``announce`` is the client helper; ``HintedSampler`` wraps a PyTorch sampler (torch is never
+imported here: the DataLoader accepts any iterable with ``__len__`` as a sampler).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import msgpack
+
+HINTS_VERSION = 1
+CONTROL_FILE = ".neuralcache/hints"
+"""Path of the control file relative to the mount root."""
+
+_LENGTH = struct.Struct(">I")
+
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+"""Largest record the decoder accepts (a corrupt length must not make the mount buffer GBs)."""
+
+ITEMS_PER_RECORD = 65536
+"""``encode_hints`` splits longer orders into records of at most this many items (~4 MB)."""
+
+Item = tuple[str, int, int]
+
+
+class HintFormatError(ValueError):
+    """The bytes written to the control file are not valid hint records."""
+
+
+@dataclass(frozen=True, slots=True)
+class HintRecord:
+    """Part of one announcer's read order for one epoch: (path, offset, length) in read order."""
+
+    epoch: int
+    items: tuple[Item, ...]
+    source: str = ""
+
+
+def _pack(record: HintRecord) -> bytes:
+    body = msgpack.packb({"v": HINTS_VERSION, "epoch": record.epoch, "source": record.source,
+                          "items": [list(item) for item in record.items]}, use_bin_type=True)
+    return _LENGTH.pack(len(body)) + body
+
+
+def encode_hints(items: Iterable[Item], epoch: int, source: str = "",
+                 items_per_record: int = ITEMS_PER_RECORD) -> bytes:
+    """Encode an epoch's read order as one or more length-prefixed records."""
+    chunk: list[Item] = []
+    out = bytearray()
+    for path, offset, length in items:
+        chunk.append((str(path), int(offset), int(length)))
+        if len(chunk) >= items_per_record:
+            out += _pack(HintRecord(epoch, tuple(chunk), source))
+            chunk = []
+    if chunk or not out:
+        out += _pack(HintRecord(epoch, tuple(chunk), source))
+    return bytes(out)
+
+
+def _parse(body: bytes) -> HintRecord:
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise HintFormatError(f"not a msgpack record: {exc}") from exc
+    if not isinstance(msg, dict) or msg.get("v") != HINTS_VERSION:
+        raise HintFormatError("expected a map with v=1")
+    epoch, source, raw_items = msg.get("epoch"), msg.get("source", ""), msg.get("items")
+    if not isinstance(epoch, int) or not isinstance(source, str) or not isinstance(raw_items, list):
+        raise HintFormatError("epoch must be an int, source a str, items a list")
+    items: list[Item] = []
+    for item in raw_items:
+        if (not isinstance(item, (list, tuple)) or len(item) != 3 or not isinstance(item[0], str)
+                or not isinstance(item[1], int) or not isinstance(item[2], int)
+                or item[1] < 0 or item[2] <= 0):
+            raise HintFormatError(f"bad item {item!r}: expected [path, offset>=0, length>0]")
+        items.append((item[0], item[1], item[2]))
+    return HintRecord(epoch, tuple(items), source)
+
+
+class HintDecoder:
+    """Incremental decoder for one open control file: feed writes, get complete records."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an incomplete record still buffered."""
+        return len(self._buf)
+
+    def feed(self, data: bytes) -> list[HintRecord]:
+        """Append written bytes; return the records they complete."""
+        self._buf += data
+        out: list[HintRecord] = []
+        while len(self._buf) >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(self._buf)
+            if size > MAX_RECORD_BYTES:
+                self._buf.clear()
+                raise HintFormatError(f"record of {size} bytes exceeds {MAX_RECORD_BYTES}")
+            if len(self._buf) < _LENGTH.size + size:
+                break
+            body = bytes(self._buf[_LENGTH.size:_LENGTH.size + size])
+            del self._buf[:_LENGTH.size + size]
+            out.append(_parse(body))
+        return out
+
+
+def decode_hints(data: bytes) -> list[HintRecord]:
+    """Decode a complete byte string of records (raises on a truncated tail)."""
+    decoder = HintDecoder()
+    records = decoder.feed(data)
+    if decoder.pending:
+        raise HintFormatError(f"{decoder.pending} trailing bytes do not form a record")
+    return records
+
+
+def _relative(mountpoint: str, path: str) -> str:
+    """A path inside the mount, as the mount-relative form the wire format carries."""
+    mount = os.path.abspath(mountpoint)
+    if os.path.isabs(path):
+        rel = os.path.relpath(os.path.abspath(path), mount)
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+            raise ValueError(f"{path} is not inside the mount {mountpoint}")
+        return rel.replace(os.sep, "/")
+    return path.replace(os.sep, "/")
+
+
+def announce(mountpoint: str, items: Iterable[Item], epoch: int = 0, source: str = "") -> int:
+    """Tell the mount at ``mountpoint`` the upcoming reads, in order; returns bytes written.
+
+    Paths may be absolute (inside the mount) or relative to its root.
+    """
+    data = encode_hints(((_relative(mountpoint, p), o, n) for p, o, n in items), epoch, source)
+    with open(os.path.join(mountpoint, CONTROL_FILE), "wb", buffering=0) as control:
+        view = memoryview(data)
+        while view:
+            written = control.write(view)
+            view = view[written:]
+    return len(data)
+
+
+class HintedSampler:
+    """Wraps a sampler; each epoch, announces the reads its indices will cause, then yields them.
+
+    ``index_to_ranges(i)`` maps a dataset index to the (path, offset, length) reads it causes.
+    ``source`` separates announcers (defaults to the wrapped sampler's ``rank`` if it has one).
+    A failed announcement (not a NeuralCache mount) warns once and never stops training.
+    """
+
+    def __init__(self, sampler: Iterable[int], mountpoint: str,
+                 index_to_ranges: Callable[[int], Sequence[Item]], source: str | None = None,
+                 announce_fn: Callable[..., Any] = announce) -> None:
+        self.sampler = sampler
+        self.mountpoint = mountpoint
+        self.index_to_ranges = index_to_ranges
+        self.source = source if source is not None else str(getattr(sampler, "rank", ""))
+        self.epoch = 0
+        self._epoch_set = False
+        self._announce = announce_fn
+        self._warned = False
+
+    def __len__(self) -> int:
+        return len(self.sampler)  # type: ignore[arg-type]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forwarded to the wrapped sampler (DistributedSampler reshuffles by epoch)."""
+        self.epoch = epoch
+        self._epoch_set = True
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(iter(self.sampler))
+        items = [r for i in indices for r in self.index_to_ranges(i)]
+        try:
+            self._announce(self.mountpoint, items, epoch=self.epoch, source=self.source)
+        except OSError as exc:
+            if not self._warned:
+                warnings.warn(f"neuralcache: could not announce hints: {exc}", stacklevel=2)
+                self._warned = True
+        if not self._epoch_set:
+            self.epoch += 1
+        self._epoch_set = False
+        return iter(indices)

@@ -1,0 +1,133 @@
+"""The planner's budgets and its issued/useful/late/wasted accounting."""
+
+from neuralcache.blocks import BLOCK_SIZE
+from neuralcache.ensemble import Ledger
+from neuralcache.events import LinkEstimate
+from neuralcache.planner import MAX_REQUEST_BLOCKS, Planner
+from tests.prefetch_helpers import LINK, DictCache
+
+
+class ListWindow:
+    """A window over a fixed list of ranges, all due ``need_in`` seconds from now."""
+
+    def __init__(self, ranges, source="stride", need_in=0.0, conf=1.0):
+        self.ranges = list(ranges)
+        self.source = source
+        self.need_in = need_in
+        self.conf = conf
+
+    def peek(self, now):
+        return (now + self.need_in, self.source, self.conf) if self.ranges else None
+
+    def take(self, max_blocks):
+        if not self.ranges:
+            return None
+        fid, a, b = self.ranges.pop(0)
+        if b - a > max_blocks:
+            self.ranges.insert(0, (fid, a + max_blocks, b))
+            b = a + max_blocks
+        return fid, a, b, self.source
+
+
+def _planner(cache=None, link=LINK):
+    ledger = Ledger(["stride", "fill"])
+    planner = Planner(cache or DictCache(), ledger, {"fill": 100.0})
+    planner.link = link
+    return planner
+
+
+def test_requests_stay_within_the_inflight_budget_and_resume_on_completion():
+    planner = _planner()
+    planner.offer(ListWindow([(1, 0, 100_000)]))
+    first = planner.plan(0.0, 0.5)
+    budget = planner.inflight_budget()
+    issued = sum(r.count for r in first) * BLOCK_SIZE
+    assert budget - MAX_REQUEST_BLOCKS * BLOCK_SIZE < issued <= budget
+    assert planner.plan(0.0, 0.5) == []  # nothing more until something completes
+    planner.on_complete(0.1, first[0], True)
+    more = planner.plan(0.1, 0.5)
+    assert sum(r.count for r in more) == first[0].count
+
+
+def test_budget_scales_with_bandwidth_delay_product():
+    small = _planner(link=LinkEstimate(12.5e6, 0.01)).inflight_budget()
+    large = _planner(link=LinkEstimate(12.5e6, 0.9)).inflight_budget()
+    assert large > 5 * small  # 0.91 s vs 0.11 s of bandwidth
+
+
+def test_cached_blocks_are_skipped_and_runs_split_around_them():
+    cache = DictCache()
+    cache.keys.add((1 << 40) | 5)
+    planner = _planner(cache)
+    planner.offer(ListWindow([(1, 0, 10)]))
+    reqs = planner.plan(0.0, 0.5)
+    assert [(r.first, r.count) for r in reqs] == [(0, 5), (6, 4)]
+
+
+def test_useful_late_and_wasted_accounting():
+    planner = _planner()
+    planner.offer(ListWindow([(1, 0, 8), (1, 8, 16), (1, 16, 24)]))
+    a, b, c = planner.plan(0.0, 0.5)
+    planner.on_complete(0.1, a, True)
+    planner.on_read(1, 0, 8)  # arrived, then read: useful
+    planner.on_read(1, 8, 12)  # read while in flight: late
+    planner.on_complete(0.2, b, True)
+    planner.on_complete(0.2, c, True)
+    assert planner.is_protected(1, 20) and not planner.is_protected(1, 0)
+    planner.on_evicted(1, 16, 24)  # evicted unread: wasted
+    s = planner.stats()
+    assert (s.issued_blocks, s.useful_blocks, s.late_blocks, s.wasted_blocks) == (24, 8, 4, 8)
+    assert s.unused_blocks == 4 and s.inflight_blocks == 0 and s.per_source["stride"] == [24, 8]
+
+
+def test_far_guesses_only_use_free_space_and_near_ones_a_share_of_the_cache():
+    cache = DictCache(capacity=1 << 20)
+    cache.keys.update((2 << 40) | b for b in range(200))  # 800 KiB of the 1 MiB used
+    planner = _planner(cache)
+    far = ListWindow([(1, 0, 1000)], source="fill", need_in=10.0)
+    near = ListWindow([(1, 1000, 2000)], need_in=0.0)
+    planner.offer(far)
+    planner.offer(near)
+    reqs = planner.plan(0.0, 0.5)
+    fill = sum(r.count for r in reqs if r.source == "fill") * BLOCK_SIZE
+    stride = sum(r.count for r in reqs if r.source == "stride") * BLOCK_SIZE
+    assert fill <= cache.free_bytes() and stride <= (1 << 20) // 2
+
+
+def test_low_scoring_windows_are_not_fetched():
+    planner = _planner()
+    planner.offer(ListWindow([(1, 0, 64)], conf=0.1))
+    assert planner.plan(0.0, 0.5) == []
+
+
+def test_guessed_neighbours_are_merged_into_one_request():
+    planner = _planner()
+    for b in range(0, 64, 8):  # eight strided windows tile blocks 0..63 between them
+        planner.ledger.register(0.0, 10.0, "stride", 1, b, b + 8)
+    planner.offer(ListWindow([(1, 0, 8)]))
+    reqs = planner.plan(0.0, 0.5)
+    assert [(r.first, r.count) for r in reqs] == [(0, 64)]
+
+
+def test_interval_set_matches_a_reference_set():
+    import random
+
+    from neuralcache.intervals import IntervalSet
+
+    rng = random.Random(0)
+    ivs, ref = IntervalSet(), set()
+    for _ in range(2000):
+        a = rng.randrange(200)
+        b = a + rng.randrange(1, 20)
+        if rng.random() < 0.6:
+            ivs.add(a, b)
+            ref |= set(range(a, b))
+        else:
+            ivs.remove(a, b)
+            ref -= set(range(a, b))
+        x = rng.randrange(220)
+        assert ivs.covers(x) == (x in ref)
+        gaps = ivs.uncovered(a, b + 10)
+        assert {v for g in gaps for v in range(*g)} == set(range(a, b + 10)) - ref
+    spans = ivs.intervals()
+    assert all(s1 < e1 < s2 for (s1, e1), (s2, _) in zip(spans, spans[1:]))  # merged, sorted

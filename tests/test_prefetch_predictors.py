@@ -1,0 +1,180 @@
+"""Each predictor on the pattern it is for, driven through the Prefetcher facade."""
+
+import random
+
+from neuralcache.blocks import BLOCK_SIZE
+from neuralcache.catalog import Catalog
+from neuralcache.events import AccessEvent
+from neuralcache.hints import HintRecord
+from neuralcache.planner import MAX_REQUEST_BLOCKS
+from neuralcache.prefetcher import PrefetchConfig, Prefetcher
+from tests.prefetch_helpers import LINK, DictCache, blocks_of, shards
+
+
+def _read(p: Prefetcher, cache: DictCache, now: float, hint: int, fid: int, block: int,
+          n: int = 4):
+    """Serve a read (as demand would, it lands in the cache) and let prefetches land at once."""
+    for b in range(block, block + n):
+        cache.keys.add((fid << 40) | b)
+    reqs = p.on_access(now, AccessEvent(hint, fid, block * BLOCK_SIZE, n * BLOCK_SIZE))
+    cache.fill(reqs)
+    for r in reqs:
+        reqs += p.on_prefetch_complete(now, r)
+        cache.fill(reqs)
+    return reqs
+
+
+def test_sequential_stream_gets_a_window_ahead_and_into_the_next_shard():
+    catalog = shards(n=2, size=256 * BLOCK_SIZE)
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig.stride_only(), LINK)
+    issued = set()
+    for k in range(60):
+        issued |= blocks_of(_read(p, cache, k * 0.001, 1, 1, 4 * k))
+    assert {(1, b) for b in range(240, 256)} <= issued  # ran ahead to the end of the file
+    assert (2, 0) in issued  # and on into the next shard
+    assert all(b >= 4 for f, b in issued if f == 1)  # never behind the reader
+
+
+def test_window_depth_follows_the_link():
+    def depth(link_rtt: float) -> int:
+        catalog = shards(n=1, size=64 << 20)
+        cache = DictCache()
+        p = Prefetcher(catalog, cache, PrefetchConfig.stride_only(),
+                       LINK.__class__(LINK.bandwidth, link_rtt))
+        for k in range(40):
+            _read(p, cache, k * 0.002, 1, 1, 4 * k)  # 16 KiB every 2 ms: 8 MB/s
+        return max(b for f, b in ((k >> 40, k & ((1 << 40) - 1)) for k in cache.keys))
+
+    assert depth(0.3) > 2 * depth(0.02)
+
+
+def test_inflight_budget_is_respected():
+    catalog = shards(n=1, size=64 << 20)
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig.stride_only(), LINK)
+    out = []
+    for k in range(400):  # 16 KiB per 2 ms; prefetches never complete: the budget must cap them
+        for b in range(4 * k, 4 * k + 4):
+            cache.keys.add((1 << 40) | b)
+        out += p.on_access(k * 0.002, AccessEvent(1, 1, 4 * k * BLOCK_SIZE, 4 * BLOCK_SIZE))
+    budget = p.planner.inflight_budget()
+    assert sum(r.count for r in out) * BLOCK_SIZE <= budget
+    assert sum(r.count for r in out) * BLOCK_SIZE > budget - MAX_REQUEST_BLOCKS * BLOCK_SIZE
+    assert all(r.count <= MAX_REQUEST_BLOCKS for r in out)
+
+
+def _record_layout_reads(n: int) -> list[int]:
+    pattern = [3, 7, 2, 5, 9, 4]
+    pos, out = 0, []
+    for k in range(n):
+        out.append(pos)
+        pos += pattern[k % len(pattern)]
+    return out
+
+
+def _predicted_share(config: PrefetchConfig) -> float:
+    catalog = shards(n=1, size=64 << 20)
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, config, LINK)
+    hits = 0
+    starts = _record_layout_reads(400)
+    for k, block in enumerate(starts):
+        hits += cache.contains(1, block)
+        _read(p, cache, k * 0.001, 1, 1, block, 1)
+    return hits / len(starts)
+
+
+def test_sequence_model_beats_stride_on_an_irregular_record_layout():
+    stride = _predicted_share(PrefetchConfig.stride_only())
+    learned = _predicted_share(PrefetchConfig(epoch_replay=False, working_set=False))
+    assert stride < 0.2 and learned > 0.9
+
+
+def _evict_all(p: Prefetcher, cache: DictCache) -> None:
+    for key in cache.keys:
+        p.on_evicted(key >> 40, key & ((1 << 40) - 1))
+    cache.keys.clear()
+
+
+def _pass(p: Prefetcher, cache: DictCache, order: list[tuple[int, int]], t0: float) -> float:
+    hits = 0
+    for k, (fid, block) in enumerate(order):
+        hits += cache.contains(fid, block)
+        _read(p, cache, t0 + k * 0.001, 1, fid, block)
+    return hits / len(order)
+
+
+def test_epoch_replay_replays_the_first_pass_order_only_when_it_repeats():
+    catalog = shards(n=4, size=16 << 20)
+    samples = [(f, b) for f in range(1, 5) for b in range(0, 4096, 4)]
+    order = random.Random(1).sample(samples, 400)  # a pass over 400 of them, in random order
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False), LINK)
+    assert _pass(p, cache, order, 0.0) < 0.1, p.stats().per_source
+    _evict_all(p, cache)  # as if the cache had evicted everything between epochs
+    assert _pass(p, cache, order, 10.0) > 0.9
+    assert p.replay is not None and p.replay.active
+    _evict_all(p, cache)
+    new_order = random.Random(2).sample(order, len(order))
+    assert _pass(p, cache, new_order, 20.0) < 0.2
+
+
+def test_hints_make_a_shuffled_epoch_predictable_before_the_first_read():
+    catalog = shards(n=4, size=1 << 20)
+    samples = [(f, b) for f in range(1, 5) for b in range(0, 256, 4)]
+    order = random.Random(3).sample(samples, len(samples))
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False), LINK)
+    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
+    first = p.on_hints(0.0, HintRecord(0, items, "rank0"))
+    assert (order[0][0], order[0][1]) in blocks_of(first)
+    cache.fill(first)
+    for r in first:
+        cache.fill(p.on_prefetch_complete(0.0, r))
+    assert _pass(p, cache, order, 0.01) > 0.95
+
+
+def test_working_set_fill_for_random_reads_that_fit_and_not_otherwise():
+    def fill_blocks(capacity: int) -> int:
+        catalog = shards(n=2, size=16 << 20)
+        cache = DictCache(capacity)
+        p = Prefetcher(catalog, cache, PrefetchConfig(hints=False), LINK)
+        rng = random.Random(4)
+        for k in range(300):
+            _read(p, cache, k * 0.01, 1, rng.randint(1, 2), rng.randrange(0, 4096, 4))
+        return p.stats().per_source.get("fill", [0])[0]
+
+    assert fill_blocks(64 << 20) > 1000  # 32 MiB of data in a 64 MiB cache: filled
+    assert fill_blocks(16 << 20) == 0  # does not fit: no fill
+
+
+def test_unread_siblings_heads_come_first_for_whole_files_in_shuffled_order():
+    catalog = Catalog([(i + 1, f"imgs/{i:04d}.jpg", 100_000) for i in range(40)])
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig(hints=False), LINK)
+    order = random.Random(5).sample(range(1, 41), 40)
+    for k, fid in enumerate(order[:10]):
+        _read(p, cache, k * 0.05, 100 + k, fid, 0, 25)
+    per_source = p.stats().per_source
+    assert per_source.get("heads", [0])[0] > 0
+    assert all(cache.contains(f, 0) for f in order[10:])  # every unread file's head is here
+
+
+def test_a_predictor_measured_as_wrong_stops_being_fetched():
+    catalog = shards(n=1, size=64 << 20)
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig.stride_only(), LINK)
+    rng = random.Random(6)
+    t = 0.0
+    for _ in range(30):  # short sequential bursts at random places: each run's window is wasted
+        start = rng.randrange(0, 16000)
+        for k in range(3):
+            t += 0.01
+            _read(p, cache, t, 1, 1, start + 4 * k)
+        t += 3.0
+    assert p.accuracy()["stride"] < 0.3
+    before = p.stats().issued_blocks
+    for k in range(3):
+        _read(p, cache, t + k * 0.01, 1, 1, 20000 + 4 * k)
+    assert p.stats().issued_blocks == before
