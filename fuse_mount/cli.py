@@ -67,6 +67,10 @@ async def _run_hub(export: Export, host: str, port: int, metrics_port: int | Non
 def cmd_hub(args: argparse.Namespace) -> int:
     host, port = args.listen
     export = Export(args.export)
+    started = time.monotonic()
+    entries = export.scan()  # reads are served by file id, so know the files before listening
+    log.info("hub: scanned %d entries of %s in %.1f s", len(entries), export.root,
+             time.monotonic() - started)
     trio.run(_run_hub, export, host, port, args.metrics_port)
     return 0
 
