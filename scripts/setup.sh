@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh Debian 12 machine as root: system packages and the project's venv.
-# Usage: scripts/setup.sh [EXTRAS]   (EXTRAS defaults to "dev"; e.g. "dev,bench")
+# Usage: scripts/setup.sh [EXTRAS]   (EXTRAS defaults to "dev"; "dev,bench" adds torch and matplotlib)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.mounts import Hub, Spoke
+from fuse_mount.launch import Hub, Spoke
 
 needs_fuse = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse")

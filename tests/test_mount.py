@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import needs_fuse
-from tests.mounts import Hub, Spoke, is_mounted
+from fuse_mount.launch import Hub, Spoke, is_mounted
 
 pytestmark = [pytest.mark.mount, needs_fuse]
 
@@ -184,7 +184,7 @@ def test_killed_daemon_is_remounted_and_reads_correctly(export, hub: Hub, spoke:
 
 
 def test_hub_unreachable_at_mount_time_fails_cleanly(tmp_path: Path, spoke: Spoke) -> None:
-    from tests.mounts import free_port
+    from fuse_mount.launch import free_port
     result = spoke.mount(f"127.0.0.1:{free_port()}", "--connect-timeout", "1", check=False)
     assert result.returncode != 0
     assert "cannot reach the hub" in result.stderr
