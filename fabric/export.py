@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 _VERSION_FIELDS = struct.Struct(">QQQQ")
 
+MAX_SYMLINK_HOPS = 40
+"""Symlinks followed while resolving one target: the Linux kernel's limit (MAXSYMLINKS)."""
+
 
 class ExportError(Exception):
     """A read the export refuses or cannot serve; ``code`` is a protocol ErrorCode."""
@@ -108,13 +111,52 @@ class Export:
             return MetaEntry(rel, "f", mode, st.st_size, st.st_mtime_ns, st.st_ino,
                              content_version(st))
         if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(d.path)
-            resolved = os.path.realpath(os.path.join(os.path.dirname(d.path), target))
-            if os.path.isabs(target) or not self._inside(resolved):
+            try:
+                target = os.readlink(d.path)
+            except OSError as exc:
+                log.warning("export: cannot read symlink %s: %s", d.path, exc)
+                return None
+            if not self._stays_inside(rel.rpartition("/")[0], target):
                 log.warning("export: skipping symlink %s: it leads outside the export", d.path)
                 return None
             return MetaEntry(rel, "l", mode, len(target), st.st_mtime_ns, st.st_ino, 0, target)
         return None  # sockets, fifos, devices are not exported
+
+    def _stays_inside(self, rel_dir: str, target: str) -> bool:
+        """Whether ``target``, of a symlink in ``rel_dir``, resolves without ever stepping above
+        the export root. The walk follows symlinks as the kernel will on the spoke's mirror of
+        the tree, where above the root lies the mount's parent, not the hub's: so a target that
+        leaves and re-enters (``../export/f``, or ``..`` after a link to ``.``) escapes there."""
+        if os.path.isabs(target):
+            return False
+        where = [p for p in rel_dir.split("/") if p]  # the directory reached, relative to root
+        pending = target.split("/")[::-1]  # components still to walk, the next one last
+        hops = 0
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if not where:
+                    return False
+                where.pop()
+                continue
+            where.append(name)
+            path = os.path.join(self.root, *where)
+            try:
+                is_link = stat.S_ISLNK(os.lstat(path).st_mode)
+                link = os.readlink(path) if is_link else ""
+            except OSError:
+                continue  # missing (dangling): the rest of the target is walked by name only
+            if is_link:
+                hops += 1
+                if hops > MAX_SYMLINK_HOPS:
+                    return True  # a loop: the kernel answers ELOOP, it leads nowhere
+                if os.path.isabs(link):
+                    return False
+                where.pop()
+                pending.extend(link.split("/")[::-1])
+        return True
 
     def read_blocks(self, file_id: int, version: int, first: int, count: int) -> bytes:
         """Blocks ``first`` .. ``first + count - 1`` of the file, if it still has ``version``."""
@@ -129,7 +171,11 @@ class Export:
         try:
             before = os.fstat(fd)
             self._check_identity(ref, fd, before, file_id, version)
-            data = os.pread(fd, count * BLOCK_SIZE, first * BLOCK_SIZE)
+            # Clipped to the file, so no block number a request can carry overflows an offset
+            # or sizes a buffer beyond what the file holds (a growing file is stale anyway).
+            offset = first * BLOCK_SIZE
+            length = min(count * BLOCK_SIZE, before.st_size - offset)
+            data = os.pread(fd, length, offset) if length > 0 else b""
             if content_version(os.fstat(fd)) != version:
                 raise ExportError(ErrorCode.STALE, "file changed while it was read")
             return data

@@ -105,7 +105,9 @@ class BlockStore:
                 key = bytes(raw_key)
                 stamp_raw = stamps.get(key)
                 stamp = _STAMP.unpack(stamp_raw)[0] if stamp_raw is not None else 0
-                entries.append(IndexEntry(BlockKey.unpack(key), len(raw_value) - CHECKSUM_BYTES,
-                                          stamp))
+                # A damaged value may be shorter than its checksum; it is caught on read, and
+                # must not count as negative bytes until then.
+                size = max(0, len(raw_value) - CHECKSUM_BYTES)
+                entries.append(IndexEntry(BlockKey.unpack(key), size, stamp))
         entries.sort(key=lambda e: e.stamp)
         return entries

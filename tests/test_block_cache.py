@@ -1,0 +1,294 @@
+"""``BlockCache`` over a real LMDB environment, against a dict of what was put.
+
+The state machine drives puts, reads, flushes (with reads racing the write), purges and
+reopens; each step runs in its own ``trio.run`` with the cache object carried across.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import lmdb
+import pytest
+import trio
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from fabric.protocol import CHECKSUM_BYTES
+from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_store import BlockKey, BlockStore
+from neuralcache.blocks import BLOCK_SIZE
+from tests.fabric_helpers import metric
+
+CAPACITY = 6 * BLOCK_SIZE
+"""Six full blocks: small enough that a few dozen steps evict, large enough to hold several."""
+
+block_keys = st.builds(BlockKey, st.integers(0, 2), st.integers(0, 1), st.integers(0, 5))
+block_sizes = st.integers(1, BLOCK_SIZE)
+
+
+def block_bytes(key: BlockKey, size: int, seed: int) -> bytes:
+    """Content that differs per key, size and seed, so a block served for the wrong key shows."""
+    pattern = struct.pack(">QQQB", *key, seed)
+    return (pattern * (size // len(pattern) + 1))[:size]
+
+
+def run(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one async step to completion."""
+    return trio.run(fn, *args)
+
+
+def open_cache(path: Path | str, capacity: int = CAPACITY) -> BlockCache:
+    return BlockCache(BlockStore(str(path), capacity), capacity)
+
+
+class BlockCacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="nc-block-cache-")
+        self.cache = open_cache(self.dir)
+        self.model: dict[BlockKey, bytes] = {}  # the last bytes put for each key
+
+    def teardown(self) -> None:
+        self.cache.close()
+        shutil.rmtree(self.dir)
+
+    def held(self) -> list[BlockKey]:
+        return list(self.cache.policy.oldest_first())
+
+    @rule(key=block_keys, size=block_sizes, seed=st.integers(0, 255))
+    def put(self, key: BlockKey, size: int, seed: int) -> None:
+        before = [k for k in self.held() if k != key]
+        data = block_bytes(key, size, seed)
+
+        async def step() -> None:
+            self.cache.put(key, data)
+        run(step)
+        self.model[key] = data
+        after = self.held()
+        # Exactly the least recently used blocks made room, and the new block is the newest.
+        assert after[-1] == key
+        evicted = len(before) - (len(after) - 1)
+        assert after[:-1] == before[evicted:]
+
+    @rule(keys=st.lists(block_keys, max_size=8, unique=True))
+    def get_many(self, keys: list[BlockKey]) -> None:
+        before = self.held()
+        found = run(self.cache.get_many, keys)
+        assert set(found) == {k for k in keys if k in before}
+        assert all(found[k] == self.model[k] for k in found)
+        # Reading evicts nothing; it only moves what was found to the recent end.
+        after = self.held()
+        rest = [k for k in before if k not in found]
+        assert after[:len(rest)] == rest
+        assert set(after[len(rest):]) == set(found)
+
+    @rule()
+    def flush_while_reading(self) -> None:
+        held = self.held()
+        expected = {k: self.model[k] for k in held}
+
+        async def step() -> list[dict[BlockKey, bytes]]:
+            seen = []
+            flushed = trio.Event()
+
+            async def flush() -> None:
+                await self.cache.flush()
+                flushed.set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flush)
+                # Read at every scheduling point of the flush: before, during and after the
+                # batch moves from memory to the write in progress and on to disk.
+                while not flushed.is_set():
+                    seen.append(await self.cache.get_many(held))
+                    await trio.sleep(0)
+            return seen
+
+        assert all(found == expected for found in run(step))
+
+    @rule()
+    def reopen(self) -> None:
+        run(self.cache.flush)
+        before = self.held()
+        self.cache.close()
+        self.cache = open_cache(self.dir)
+        assert self.held() == before  # same blocks, same recency order
+        found = run(self.cache.get_many, before)
+        assert found == {k: self.model[k] for k in before}
+
+    @rule(file_id=st.integers(0, 2), version=st.none() | st.integers(0, 1))
+    def purge(self, file_id: int, version: int | None) -> None:
+        def keep(k: BlockKey) -> bool:
+            return not (k.file_id == file_id and version in (None, k.version))
+        before = self.held()
+        assert self.cache.purge(keep) == sum(not keep(k) for k in before)
+        assert self.held() == [k for k in before if keep(k)]
+        for k in [k for k in self.model if not keep(k)]:
+            del self.model[k]
+
+    @invariant()
+    def used_bytes_match_the_held_blocks(self) -> None:
+        held = self.held()
+        assert set(held) <= set(self.model)
+        used = sum(len(self.model[k]) for k in held)
+        assert self.cache.policy.used == used <= CAPACITY
+        assert metric("neuralcache_cache_used_bytes") == used
+
+
+TestBlockCache = BlockCacheMachine.TestCase
+TestBlockCache.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+
+
+KEY = BlockKey(7, 3, 0)
+
+
+def test_blocks_persist_across_a_reopen_in_recency_order(tmp_path: Path) -> None:
+    keys = [BlockKey(1, 1, b) for b in range(4)]
+    cache = open_cache(tmp_path)
+
+    async def fill() -> None:
+        for k in keys:
+            cache.put(k, block_bytes(k, BLOCK_SIZE, 0))
+        await cache.get_many([keys[0]])  # now the most recently used
+        await cache.flush()
+    run(fill)
+    cache.close()
+    cache = open_cache(tmp_path)
+    assert list(cache.policy.oldest_first()) == keys[1:] + keys[:1]
+    assert run(cache.get_many, keys) == {k: block_bytes(k, BLOCK_SIZE, 0) for k in keys}
+    cache.close()
+
+
+def test_reopen_with_a_smaller_capacity_keeps_the_most_recent(tmp_path: Path) -> None:
+    keys = [BlockKey(1, 1, b) for b in range(4)]
+    cache = open_cache(tmp_path)
+
+    async def fill() -> None:
+        for k in keys:
+            cache.put(k, block_bytes(k, BLOCK_SIZE, 0))
+        await cache.flush()
+    run(fill)
+    cache.close()
+    cache = open_cache(tmp_path, capacity=2 * BLOCK_SIZE)
+    assert list(cache.policy.oldest_first()) == keys[2:]
+    run(cache.flush)  # writes the deletions of what did not fit
+    cache.close()
+    cache = open_cache(tmp_path)
+    assert list(cache.policy.oldest_first()) == keys[2:]
+    cache.close()
+
+
+def test_the_background_writer_persists_puts(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    data = block_bytes(KEY, 100, 1)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run_writer)
+            cache.put(KEY, data)
+            with trio.fail_after(5):
+                while not cache.store.index():
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    run(main)
+    assert cache.store.get_many([KEY]) == ({KEY: data}, [])
+    cache.close()
+
+
+def _write_raw(path: Path, key: BlockKey, value: Callable[[bytes], bytes]) -> None:
+    """Rewrite one stored value behind the cache's back, as disk damage would."""
+    env = lmdb.open(str(path), max_dbs=2)
+    blocks = env.open_db(b"blocks")
+    with env.begin(write=True, db=blocks) as txn:
+        txn.put(key.pack(), value(bytes(txn.get(key.pack()))))
+    env.close()
+
+
+def _flip_data_byte(raw: bytes) -> bytes:
+    damaged = bytearray(raw)
+    damaged[CHECKSUM_BYTES + 10] ^= 0xFF
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("damage", [_flip_data_byte, lambda raw: b"garbage", lambda raw: b""],
+                         ids=["flipped-byte", "garbage", "empty"])
+def test_a_corrupted_stored_block_is_dropped_not_served(
+        tmp_path: Path, damage: Callable[[bytes], bytes]) -> None:
+    other = BlockKey(7, 3, 1)
+    cache = open_cache(tmp_path)
+
+    async def fill() -> None:
+        cache.put(KEY, block_bytes(KEY, BLOCK_SIZE, 0))
+        cache.put(other, block_bytes(other, BLOCK_SIZE, 0))
+        await cache.flush()
+    run(fill)
+    cache.close()
+    _write_raw(tmp_path, KEY, damage)
+
+    cache = open_cache(tmp_path)
+    corrupt_before = metric("neuralcache_cache_corrupt_blocks_total")
+    assert run(cache.get_many, [KEY, other]) == {other: block_bytes(other, BLOCK_SIZE, 0)}
+    assert metric("neuralcache_cache_corrupt_blocks_total") == corrupt_before + 1
+    assert KEY not in cache.policy
+    assert cache.policy.used == metric("neuralcache_cache_used_bytes") == BLOCK_SIZE
+    run(cache.flush)
+    cache.close()
+    cache = open_cache(tmp_path)  # the damaged block was deleted from disk too
+    assert list(cache.policy.oldest_first()) == [other]
+    cache.close()
+
+
+def test_a_failed_write_is_counted_and_its_blocks_are_not_held(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path, capacity=64 * BLOCK_SIZE)
+    kept = BlockKey(1, 1, 0)
+
+    async def fill_and_flush(keys: list[BlockKey]) -> None:
+        for k in keys:
+            cache.put(k, block_bytes(k, BLOCK_SIZE, 0))
+        await cache.flush()
+    run(fill_and_flush, [kept])
+    # Shrink the map to what is in use now, so the next batch cannot fit.
+    env = cache.store.env
+    env.set_mapsize(env.info()["last_pgno"] * env.stat()["psize"])
+    errors_before = metric("neuralcache_cache_write_errors_total")
+    lost = [BlockKey(2, 1, b) for b in range(40)]
+    run(fill_and_flush, lost)
+    assert metric("neuralcache_cache_write_errors_total") == errors_before + 1
+    assert list(cache.policy.oldest_first()) == [kept]
+    assert cache.policy.used == BLOCK_SIZE
+    assert run(cache.get_many, [kept, *lost]) == {kept: block_bytes(kept, BLOCK_SIZE, 0)}
+    cache.close()
+
+
+def test_a_block_purged_during_its_disk_read_leaves_no_stamp_behind(tmp_path: Path) -> None:
+    """A read that finds a block on disk after it was purged must not record a last-use stamp
+    for it: nothing would ever delete that stamp row again."""
+    cache = open_cache(tmp_path)
+    read_store = cache.store.get_many
+
+    async def purge_and_flush() -> None:
+        cache.purge(lambda k: k != KEY)
+        await cache.flush()
+
+    def read_then_purge(keys: list[BlockKey]) -> Any:
+        found = read_store(keys)
+        trio.from_thread.run(purge_and_flush)
+        return found
+
+    async def main() -> None:
+        cache.put(KEY, block_bytes(KEY, 10, 0))
+        await cache.flush()
+        cache.store.get_many = read_then_purge  # type: ignore[method-assign]
+        await cache.get_many([KEY])
+        await cache.flush()
+    run(main)
+    stamps = cache.store.env.open_db(b"stamps")
+    with cache.store.env.begin(db=stamps) as txn:
+        assert txn.get(KEY.pack()) is None
+    assert cache.store.index() == []
+    cache.close()

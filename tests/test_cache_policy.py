@@ -1,0 +1,96 @@
+"""``LruPolicy`` driven by random insert/touch/remove sequences against a list-based reference."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from neuralcache.cache_policy import LruPolicy
+
+CAPACITY = 100
+keys = st.integers(0, 15)
+# Sizes up to a bit over the capacity, so oversized inserts are exercised too.
+sizes = st.integers(1, CAPACITY + 10)
+
+
+class LruReference:
+    """The obvious LRU: a list of (key, size), least recently used first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: list[tuple[int, int]] = []
+
+    def used(self) -> int:
+        return sum(size for _, size in self.items)
+
+    def remove(self, key: int) -> bool:
+        before = len(self.items)
+        self.items = [(k, s) for k, s in self.items if k != key]
+        return len(self.items) != before
+
+    def touch(self, key: int) -> None:
+        for k, s in self.items:
+            if k == key:
+                self.remove(key)
+                self.items.append((k, s))
+                return
+
+    def insert(self, key: int, size: int) -> list[int]:
+        self.remove(key)
+        if size > self.capacity:
+            return [key]
+        evicted = []
+        while self.used() + size > self.capacity:
+            evicted.append(self.items.pop(0)[0])
+        self.items.append((key, size))
+        return evicted
+
+
+class LruMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = LruPolicy(CAPACITY)
+        self.model = LruReference(CAPACITY)
+
+    @rule(key=keys, size=sizes)
+    def insert(self, key: int, size: int) -> None:
+        assert self.policy.insert(key, size) == self.model.insert(key, size)
+
+    @rule(key=keys)
+    def touch(self, key: int) -> None:
+        self.policy.touch(key)
+        self.model.touch(key)
+
+    @rule(key=keys)
+    def remove(self, key: int) -> None:
+        assert self.policy.remove(key) == self.model.remove(key)
+
+    @invariant()
+    def same_contents_in_the_same_order(self) -> None:
+        held = [k for k, _ in self.model.items]
+        assert list(self.policy.oldest_first()) == held
+        assert len(self.policy) == len(held)
+        assert all(k in self.policy for k in held)
+
+    @invariant()
+    def used_is_exact_and_bounded(self) -> None:
+        assert self.policy.used == self.model.used() <= CAPACITY
+
+
+TestLruPolicy = LruMachine.TestCase
+TestLruPolicy.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_capacity_must_be_positive(capacity: int) -> None:
+    with pytest.raises(ValueError):
+        LruPolicy(capacity)
+
+
+def test_an_oversized_insert_drops_the_older_copy_of_its_key() -> None:
+    policy = LruPolicy(10)
+    policy.insert("a", 4)
+    assert policy.insert("a", 11) == ["a"]
+    assert "a" not in policy and policy.used == 0

@@ -1,0 +1,235 @@
+"""The sans-IO wire protocol: round trips, chunking independence, and hostile input.
+
+The hub and the spoke both trust ``FrameDecoder`` to turn *any* byte stream into either messages
+or a ``ProtocolError``; these properties are what lets the shells close a bad connection cleanly
+instead of crashing on an unexpected exception.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, ErrorCode, ErrorReply, FrameDecoder,
+                             Hello, Message, MetaEntry, MetaReply, MetaRequest, Priority,
+                             ProtocolError, ReadReply, ReadRequest, Welcome, decode_payload,
+                             encode)
+
+U64 = st.integers(0, 2**64 - 1)
+I64 = st.integers(-(2**63), 2**63 - 1)
+# msgpack carries text as UTF-8, which cannot hold lone surrogates.
+TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
+
+meta_entries = st.builds(
+    MetaEntry, path=TEXT, kind=st.sampled_from(sorted(MetaEntry.KINDS)),
+    mode=st.integers(0, 0o7777), size=U64, mtime_ns=I64, file_id=U64, version=U64, target=TEXT)
+
+checksum_fields = st.integers(0, 4).flatmap(
+    lambda n: st.binary(min_size=n * CHECKSUM_BYTES, max_size=n * CHECKSUM_BYTES))
+
+MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
+    Hello: st.builds(Hello, U64, TEXT),
+    Welcome: st.builds(Welcome, U64, TEXT),
+    MetaRequest: st.builds(MetaRequest, U64),
+    MetaReply: st.builds(MetaReply, U64, st.lists(meta_entries, max_size=4).map(tuple),
+                         st.booleans()),
+    ReadRequest: st.builds(ReadRequest, U64, U64, U64, U64, U64,
+                           st.sampled_from(sorted(Priority.ALL))),
+    ReadReply: st.builds(ReadReply, U64, U64, st.binary(max_size=9000), checksum_fields),
+    ErrorReply: st.builds(ErrorReply, U64, st.sampled_from(sorted(ErrorCode.ALL)), TEXT),
+}
+messages = st.one_of(*MESSAGE_STRATEGIES.values())
+
+# Any value msgpack can carry, to stand in for a field of the wrong type.
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | I64 | U64 | st.floats(allow_nan=False) | TEXT
+    | st.binary(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=8)
+
+HEADER = struct.Struct(">I")
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+def decode_or_protocol_error(payload: bytes) -> Message | None:
+    """Decode ``payload``; None if it was refused with a ProtocolError (anything else escapes)."""
+    try:
+        return decode_payload(payload)
+    except ProtocolError:
+        return None
+
+
+def assert_canonical(msg: Message, payload: bytes) -> None:
+    """An accepted payload must be exactly what ``encode`` makes of the decoded message, so no
+    value of a wrong type (a float kind, a bool id) slips through as if it were valid."""
+    assert encode(msg)[HEADER.size:] == payload
+
+
+@pytest.mark.parametrize("kind", list(MESSAGE_STRATEGIES), ids=lambda k: k.__name__)
+@given(data=st.data())
+def test_every_message_type_round_trips(kind: type, data: st.DataObject) -> None:
+    msg = data.draw(MESSAGE_STRATEGIES[kind])
+    wire = encode(msg)
+    assert HEADER.unpack_from(wire)[0] == len(wire) - HEADER.size
+    decoder = FrameDecoder()
+    assert decoder.feed(wire) == [msg]
+    assert decoder.buffered == 0
+    assert decode_payload(wire[HEADER.size:]) == msg
+
+
+def test_message_kinds_are_distinct() -> None:
+    kinds = [cls.KIND for cls in MESSAGE_STRATEGIES]
+    assert len(set(kinds)) == len(kinds)
+
+
+@given(msgs=st.lists(messages, min_size=1, max_size=8), cuts=st.lists(st.floats(0, 1), max_size=12))
+def test_any_split_of_a_frame_sequence_decodes_to_the_same_messages(
+        msgs: list[Message], cuts: list[float]) -> None:
+    stream = b"".join(encode(m) for m in msgs)
+    points = sorted({int(c * len(stream)) for c in cuts} | {0, len(stream)})
+    decoder = FrameDecoder()
+    out: list[Message] = []
+    for start, end in zip(points, points[1:]):
+        out += decoder.feed(stream[start:end])
+    assert out == msgs
+    assert decoder.buffered == 0
+
+
+@settings(max_examples=25)
+@given(msgs=st.lists(messages, min_size=1, max_size=2))
+def test_byte_at_a_time_feeding_decodes_the_same_messages(msgs: list[Message]) -> None:
+    stream = b"".join(encode(m) for m in msgs)
+    decoder = FrameDecoder()
+    out: list[Message] = []
+    for i in range(len(stream)):
+        out += decoder.feed(stream[i:i + 1])
+    assert out == msgs
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(chunks=st.lists(st.binary(max_size=64), max_size=8))
+def test_garbage_bytes_raise_only_protocol_error(chunks: list[bytes]) -> None:
+    decoder = FrameDecoder(max_frame=1024)
+    out: list[Message] = []
+    try:
+        for chunk in chunks:
+            out += decoder.feed(chunk)
+    except ProtocolError:
+        pass
+    assert all(isinstance(m, tuple(MESSAGE_STRATEGIES)) for m in out)
+
+
+@given(payload=st.binary(max_size=200))
+def test_garbage_payload_in_a_well_formed_frame_raises_only_protocol_error(payload: bytes) -> None:
+    msg = decode_or_protocol_error(payload)
+    try:
+        FrameDecoder().feed(frame(payload))
+    except ProtocolError:
+        assert msg is None
+    else:
+        assert msg is not None
+
+
+@given(msg=messages, position=st.integers(min_value=0), xor=st.integers(1, 255))
+def test_a_flipped_payload_byte_is_refused_or_decodes_to_a_valid_message(
+        msg: Message, position: int, xor: int) -> None:
+    payload = bytearray(encode(msg)[HEADER.size:])
+    payload[position % len(payload)] ^= xor
+    decoded = decode_or_protocol_error(bytes(payload))
+    if decoded is not None:
+        # A flip may yield a valid but non-minimal msgpack form (uint8 0 for fixint 0), so the
+        # check is that what was accepted is a well-typed message, not the same bytes.
+        assert decode_payload(encode(decoded)[HEADER.size:]) == decoded
+
+
+@given(msg=messages, data=st.data())
+def test_a_field_of_any_other_value_is_refused_or_decodes_canonically(
+        msg: Message, data: st.DataObject) -> None:
+    raw = msgpack.unpackb(encode(msg)[HEADER.size:], raw=False)
+    path = [data.draw(st.integers(1, len(raw) - 1), label="field")]
+    if isinstance(msg, MetaReply) and msg.entries and data.draw(st.booleans(), label="in entry"):
+        path = [2, data.draw(st.integers(0, len(msg.entries) - 1)), data.draw(st.integers(0, 7))]
+    target = raw
+    for index in path[:-1]:
+        target = target[index]
+    target[path[-1]] = data.draw(msgpack_values, label="replacement")
+    payload = msgpack.packb(raw, use_bin_type=True)
+    decoded = decode_or_protocol_error(payload)
+    if decoded is not None:
+        assert_canonical(decoded, payload)
+
+
+@given(msg=messages, extra=msgpack_values, drop=st.booleans())
+def test_a_missing_or_extra_field_is_refused(msg: Message, extra: Any, drop: bool) -> None:
+    raw = msgpack.unpackb(encode(msg)[HEADER.size:], raw=False)
+    raw = raw[:-1] if drop else raw + [extra]
+    with pytest.raises(ProtocolError):
+        decode_payload(msgpack.packb(raw, use_bin_type=True))
+
+
+@given(kind=msgpack_values, fields=st.lists(msgpack_values, max_size=6))
+def test_an_unknown_kind_is_refused(kind: Any, fields: list[Any]) -> None:
+    assume(not (type(kind) is int and kind in {cls.KIND for cls in MESSAGE_STRATEGIES}))
+    with pytest.raises(ProtocolError):
+        decode_payload(msgpack.packb([kind, *fields], use_bin_type=True))
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"\xc1", msgpack.packb({"kind": 1}), msgpack.packb([]), msgpack.packb(1),
+    msgpack.packb([1, 1, "a"]) + b"\x00",  # trailing bytes after the array
+    b"\x91" * 100_000 + b"\xc0",  # nesting deep enough to exhaust the unpacker's stack
+    msgpack.packb([1, 1, b"\xed\xa0\x80"], use_bin_type=False),  # a string that is not UTF-8
+    msgpack.packb([1, 1, b"\xff"], use_bin_type=True),  # bytes where text belongs
+    msgpack.packb([5, 1, 2, 3, 4, True]),  # a bool where an integer belongs
+    msgpack.packb([5.0, 1, 2, 3, 4, 5]),  # a float kind
+    msgpack.packb([4.0, 1, [], True]),
+    msgpack.packb([6.0, 1, 0, b"", b""]),
+    msgpack.packb([7, 1, ["not", "hashable"], "x"]),
+    msgpack.packb([4, 1, [["p", ["f"], 0, 0, 0, 0, 0, ""]], True]),
+    msgpack.packb([4, 1, [["p", "f", 0, -1, 0, 0, 0, ""]], True]),
+    msgpack.packb([6, 1, 0, b"x", b"1234567"], use_bin_type=True),  # a partial checksum
+    msgpack.packb([6, 1, 0, "text", b""], use_bin_type=True),
+], ids=lambda p: p[:12].hex())
+def test_specific_malformed_payloads_are_refused(payload: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        decode_payload(payload)
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(frame(payload))
+
+
+def test_oversized_header_is_refused_before_the_body_arrives() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+    with pytest.raises(ProtocolError):
+        decoder.feed(HEADER.pack(1001))  # nothing of the body was sent yet
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(HEADER.pack(MAX_FRAME + 1))
+
+
+def test_a_frame_at_the_limit_is_accepted() -> None:
+    msg = ReadReply(1, 0, b"x" * 100, b"")
+    wire = encode(msg)
+    assert FrameDecoder(max_frame=len(wire) - HEADER.size).feed(wire) == [msg]
+
+
+def test_encode_refuses_a_message_larger_than_max_frame() -> None:
+    with pytest.raises(ValueError):
+        encode(ReadReply(1, 0, bytes(MAX_FRAME), b""))
+
+
+@given(msg=messages, data=st.data())
+def test_buffered_reports_a_truncated_frame(msg: Message, data: st.DataObject) -> None:
+    wire = encode(msg)
+    keep = data.draw(st.integers(1, len(wire) - 1))
+    decoder = FrameDecoder()
+    assert decoder.feed(wire + wire[:keep]) == [msg]
+    assert decoder.buffered == keep
+    assert decoder.feed(wire[keep:]) == [msg]
+    assert decoder.buffered == 0
