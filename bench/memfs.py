@@ -1,0 +1,134 @@
+"""The Python FUSE ceiling: a minimal read-only pyfuse3 + trio filesystem serving one file from memory.
+
+It mounts with the spoke's own mount options and readahead (taken from ``fuse_mount.daemon``, so
+the two cannot drift apart), opens files with ``keep_cache`` like the spoke, and answers a read
+with a slice of one in-memory ``bytes``. Whatever the spoke's read path costs beyond this is ours
+to win back; nothing a pyfuse3 filesystem does can be faster than this.
+
+    python -m bench.memfs --source FILE MOUNTPOINT
+
+loads FILE into memory and serves it as ``MOUNTPOINT/<basename of FILE>``. It prints
+``memfs: ready`` on stdout once the mount answers, and unmounts on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import stat
+import sys
+
+import pyfuse3
+import trio
+
+from fuse_mount.daemon import SpokeConfig, _set_read_ahead, mount_options
+from fuse_mount.namespace import ATTR_TIMEOUT
+
+READY_LINE = "memfs: ready"
+"""Printed on stdout once the mount answers; ``bench.throughput`` waits for it."""
+
+_FILE_INODE = pyfuse3.ROOT_INODE + 1
+
+
+class MemoryFilesystem(pyfuse3.Operations):
+    """One read-only file, ``name``, holding ``data``."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, name: str, data: bytes) -> None:
+        super().__init__()
+        self.name = os.fsencode(name)
+        self.data = data
+
+    def _attributes(self, inode: int) -> pyfuse3.EntryAttributes:
+        attr = pyfuse3.EntryAttributes()
+        attr.st_ino = inode
+        if inode == pyfuse3.ROOT_INODE:
+            attr.st_mode = stat.S_IFDIR | 0o555
+            attr.st_nlink = 2
+        else:
+            attr.st_mode = stat.S_IFREG | 0o444
+            attr.st_nlink = 1
+            attr.st_size = len(self.data)
+        attr.st_blksize = 4096
+        attr.st_blocks = -(-attr.st_size // 512)
+        attr.attr_timeout = attr.entry_timeout = ATTR_TIMEOUT
+        return attr
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None
+                      ) -> pyfuse3.EntryAttributes:
+        if inode not in (pyfuse3.ROOT_INODE, _FILE_INODE):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attributes(inode)
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+                     ) -> pyfuse3.EntryAttributes:
+        if parent_inode != pyfuse3.ROOT_INODE or name != self.name:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attributes(_FILE_INODE)
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        if inode != pyfuse3.ROOT_INODE:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        if start_id == 0:
+            pyfuse3.readdir_reply(token, self.name, self._attributes(_FILE_INODE), 1)
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        if inode != _FILE_INODE:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return self.data[off:off + size]
+
+
+async def _serve(mountpoint: str) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_unmount_on_signal)
+        nursery.start_soon(_announce_when_live, mountpoint)
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _announce_when_live(mountpoint: str) -> None:
+    """Runs beside ``pyfuse3.main``: setting readahead stats the mount, which this process answers."""
+    await trio.to_thread.run_sync(_set_read_ahead, mountpoint)
+    print(READY_LINE, flush=True)
+
+
+async def _unmount_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            pyfuse3.terminate()
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.memfs", description=__doc__.split("\n")[0])
+    parser.add_argument("--source", required=True, help="file whose bytes to serve from memory")
+    parser.add_argument("mountpoint")
+    args = parser.parse_args(argv)
+    with open(args.source, "rb") as f:
+        data = f.read()
+    fs = MemoryFilesystem(os.path.basename(args.source), data)
+    # Only the option set matters here; the hub address just names the mount in /proc/mounts.
+    cfg = SpokeConfig(hub_host="memfs", hub_port=0, cache_dir="", cache_size=0,
+                      mountpoint=args.mountpoint, allow_other=os.geteuid() == 0)
+    options = {o for o in mount_options(cfg) if not o.startswith("fsname=")} | {"fsname=memfs"}
+    pyfuse3.init(fs, args.mountpoint, options)
+    try:
+        trio.run(_serve, args.mountpoint)
+    finally:
+        pyfuse3.close(unmount=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The benches' hubs, spokes and memfs mounts, as context managers that always clean up.
+
+Hub and spoke come from ``fuse_mount.launch`` (started through the CLI, as a user would); this
+module adds the ``with`` blocks, the memfs ceiling, and page-cache eviction. Every process a
+bench starts is stopped, and every mount unmounted, when its block ends - normally, on an
+exception, or on Ctrl-C/SIGTERM (call ``exit_on_sigterm`` first so SIGTERM unwinds like Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from bench.memfs import READY_LINE
+from fuse_mount.launch import Hub, Spoke, is_mounted, metric
+
+STOP_WAIT = 10.0
+"""Seconds memfs gets to unmount and exit after SIGTERM before it is killed."""
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise KeyboardInterrupt, so ``finally`` blocks unmount and stop processes."""
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def drop_page_cache(path: str) -> None:
+    """Evict ``path``'s pages from the kernel page cache (``posix_fadvise(DONTNEED)``), so the
+    next read of it comes from disk; it touches no other file, unlike ``drop_caches``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # DONTNEED skips dirty pages: a freshly written file must reach disk first
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def hub(export: str) -> Iterator[Hub]:
+    """A hub exporting ``export`` on a free loopback port, with a metrics endpoint."""
+    running = Hub(Path(export))
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+
+
+def hub_sent_bytes(running: Hub) -> float:
+    return metric(running.metrics_port, "neuralcache_hub_sent_bytes_total")
+
+
+@contextlib.contextmanager
+def spoke(hub_address: str, cache_dir: str, mountpoint: str, *options: str
+          ) -> Iterator[tuple[Spoke, float]]:
+    """``neuralcache mount`` with ``options``; yields the spoke and the seconds the command took
+    (launch to return). Unmounted, or if that fails killed, when the block ends."""
+    mounted = Spoke(Path(mountpoint), Path(cache_dir))
+    try:
+        started = time.perf_counter()
+        mounted.mount(hub_address, *options)
+        yield mounted, time.perf_counter() - started
+    finally:
+        mounted.cleanup()
+
+
+@contextlib.contextmanager
+def memfs(source: str, mountpoint: str) -> Iterator[str]:
+    """``bench.memfs`` serving ``source`` from memory; yields the served file's path."""
+    os.makedirs(mountpoint, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.memfs", "--source", source, mountpoint],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line != READY_LINE:
+            raise RuntimeError(f"memfs did not start: {line!r} (exit {proc.poll()})")
+        yield os.path.join(mountpoint, os.path.basename(source))
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if is_mounted(mountpoint):
+            subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False)

@@ -1,0 +1,202 @@
+"""Where a warm read's time goes inside the spoke, without FUSE: the parts of ``BlockFetcher.read``.
+
+    python -m bench.read_path_costs [--blocks 16384] [--workdir DIR]
+
+Writes ``--blocks`` random 4 KiB blocks into a fresh ``BlockStore`` (LMDB) the way the daemon's
+writer does, then times in this one process, with the LMDB file in the page cache (so what is
+measured is CPU, as in the warm rows of ``bench.throughput``):
+
+- ``trio.to_thread.run_sync`` of a no-op: the worker-thread round trip of every cache lookup;
+- ``BlockStore.get_many`` called directly, for 256 keys (one 1 MiB FUSE read) and 4 (16 KiB);
+- ``BlockCache.get_many``: the same through the cache (thread hop, LRU and last-use stamps);
+- ``BlockFetcher.read`` of 1 MiB and 16 KiB, every block a hit, cache writer running as in the
+  daemon (it persists the stamps those hits leave);
+- for comparison, the same bytes stored as 64 KiB LMDB values with one checksum each (a layout
+  the spoke does not use): a 1 MiB and a 16 KiB read.
+
+Each figure is the best of REPEATS runs (the least disturbed by the other users of the two
+cores), in microseconds per call, with the MB/s that cost alone would allow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from typing import Any, Awaitable, Callable
+
+import lmdb
+import numpy as np
+import trio
+import xxhash
+
+from fabric.checksum import block_checksum
+from fabric.protocol import MetaEntry
+from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_store import BlockKey, BlockStore
+from fuse_mount.fetcher import BlockFetcher
+from neuralcache.blocks import BLOCK_SIZE
+
+DEFAULT_BLOCKS = 16384
+"""64 MiB of blocks: enough keys that lookups walk a real B-tree, quick to write."""
+REPEATS = 3
+MIB_BLOCKS = 256
+"""Blocks in one 1 MiB FUSE read (the mount's readahead size)."""
+SMALL_BLOCKS = 4
+"""Blocks in one 16 KiB random read."""
+EXTENT_BLOCKS = 16
+"""Blocks per value in the comparison layout (64 KiB)."""
+WRITE_BATCH = 4096
+FILE_ID, VERSION = 1, 1
+_U64 = struct.Struct(">Q")
+_EXTENT_KEY = struct.Struct(">QQQ")
+
+
+class _NoHub:
+    """Stands in for the hub client: every block is cached, so a call is a bug."""
+
+    async def read(self, *args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("a warm read asked the hub")
+
+
+def _best(run: Callable[[int], Any], calls: int) -> float:
+    """Best mean seconds per call over REPEATS runs of ``calls`` calls."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        for i in range(calls):
+            run(i)
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+async def _best_async(run: Callable[[int], Awaitable[Any]], calls: int) -> float:
+    best = float("inf")
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        for i in range(calls):
+            await run(i)
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
+def _row(label: str, seconds: float, nbytes: int | None) -> str:
+    rate = f"{nbytes / seconds / 1e6:>9.0f} MB/s" if nbytes else ""
+    return f"{label:<58}{seconds * 1e6:>9.1f} us{rate}"
+
+
+def _fill_store(path: str, blocks: int, data: bytes) -> BlockStore:
+    store = BlockStore(path, blocks * BLOCK_SIZE * 2)
+    for start in range(0, blocks, WRITE_BATCH):
+        puts = {BlockKey(FILE_ID, VERSION, b): data[b * BLOCK_SIZE:(b + 1) * BLOCK_SIZE]
+                for b in range(start, min(start + WRITE_BATCH, blocks))}
+        store.write_batch(puts, [], {})
+    return store
+
+
+def _extent_env(path: str, blocks: int, data: bytes) -> lmdb.Environment:
+    env = lmdb.open(path, map_size=blocks * BLOCK_SIZE * 2, sync=False, metasync=False,
+                    readahead=False)
+    size = EXTENT_BLOCKS * BLOCK_SIZE
+    with env.begin(write=True) as txn:
+        for e in range(blocks // EXTENT_BLOCKS):
+            value = data[e * size:(e + 1) * size]
+            txn.put(_EXTENT_KEY.pack(FILE_ID, VERSION, e), block_checksum(value) + value)
+    return env
+
+
+def _extent_read(env: lmdb.Environment, first: int, count: int) -> bytes:
+    """``count`` extents from ``first``, each checked, joined (what a 64 KiB-value read costs)."""
+    parts = []
+    with env.begin(buffers=True) as txn:
+        for e in range(first, first + count):
+            raw = txn.get(_EXTENT_KEY.pack(FILE_ID, VERSION, e))
+            value = raw[8:]
+            if _U64.pack(xxhash.xxh3_64_intdigest(value)) != raw[:8]:
+                raise ValueError("extent checksum mismatch")
+            parts.append(value)
+    return b"".join(parts)
+
+
+async def _measure(store: BlockStore, env: lmdb.Environment, blocks: int) -> list[str]:
+    entry = MetaEntry("data.bin", "f", 0o444, blocks * BLOCK_SIZE, 0, FILE_ID, VERSION)
+    runs = blocks // MIB_BLOCKS
+    slots = blocks // SMALL_BLOCKS
+    spread = 977  # a stride coprime to the slot count walks the file in scattered order
+
+    def keys(first: int, count: int) -> list[BlockKey]:
+        return [BlockKey(FILE_ID, VERSION, b) for b in range(first, first + count)]
+
+    def mib(i: int) -> int:
+        return (i % runs) * MIB_BLOCKS
+
+    def small(i: int) -> int:
+        return (i * spread % slots) * SMALL_BLOCKS
+
+    rows = [_row("trio.to_thread.run_sync(no-op) round trip",
+                 await _best_async(lambda i: trio.to_thread.run_sync(lambda: None), 2000), None),
+            _row("BlockStore.get_many, 256 keys, direct",
+                 _best(lambda i: store.get_many(keys(mib(i), MIB_BLOCKS)), 200), 1 << 20),
+            _row("BlockStore.get_many, 4 keys, direct",
+                 _best(lambda i: store.get_many(keys(small(i), SMALL_BLOCKS)), 5000), 16384)]
+    cache = BlockCache(store, blocks * BLOCK_SIZE * 2)
+    rows += [_row("BlockCache.get_many, 256 keys",
+                  await _best_async(lambda i: cache.get_many(keys(mib(i), MIB_BLOCKS)), 200),
+                  1 << 20),
+             _row("BlockCache.get_many, 4 keys",
+                  await _best_async(lambda i: cache.get_many(keys(small(i), SMALL_BLOCKS)), 3000),
+                  16384)]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run_writer)
+        fetcher = BlockFetcher(cache, _NoHub(), nursery, hub_timeout=60.0)  # type: ignore[arg-type]
+        rows += [_row("BlockFetcher.read, 1 MiB, all hits, writer running",
+                      await _best_async(lambda i: fetcher.read(entry, mib(i) * BLOCK_SIZE, 1 << 20),
+                                        200), 1 << 20),
+                 _row("BlockFetcher.read, 16 KiB, all hits, writer running",
+                      await _best_async(lambda i: fetcher.read(entry, small(i) * BLOCK_SIZE, 16384),
+                                        3000), 16384)]
+        nursery.cancel_scope.cancel()
+    extents = blocks // EXTENT_BLOCKS
+    per_mib = MIB_BLOCKS // EXTENT_BLOCKS
+    rows += [_row("comparison: 64 KiB values, 1 MiB read (16 gets, checked)",
+                  _best(lambda i: _extent_read(env, i * per_mib % (extents - per_mib), per_mib),
+                        300), 1 << 20),
+             _row("comparison: 64 KiB values, 16 KiB read (1 get, checked)",
+                  _best(lambda i: _extent_read(env, i * spread % extents, 1), 5000), 16384)]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.read_path_costs",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS,
+                        help=f"blocks in the store, a multiple of 256 [{DEFAULT_BLOCKS}]")
+    parser.add_argument("--workdir", default="/var/tmp",
+                        help="where the scratch LMDB files go [/var/tmp]")
+    args = parser.parse_args(argv)
+    if args.blocks % MIB_BLOCKS or args.blocks < 2 * MIB_BLOCKS:
+        parser.error("--blocks must be a multiple of 256, at least 512")
+    scratch = tempfile.mkdtemp(prefix="nc-read-path-", dir=args.workdir)
+    try:
+        data = np.random.default_rng(1).bytes(args.blocks * BLOCK_SIZE)
+        store = _fill_store(os.path.join(scratch, "blocks.lmdb"), args.blocks, data)
+        env = _extent_env(os.path.join(scratch, "extents.lmdb"), args.blocks, data)
+        try:
+            rows = trio.run(_measure, store, env, args.blocks)
+        finally:
+            env.close()
+            store.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"{args.blocks} blocks of 4 KiB in LMDB (page cache warm); best of {REPEATS} runs")
+    print(f"{'':<58}{'per call':>12}{'that alone':>14}")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
