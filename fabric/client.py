@@ -1,8 +1,26 @@
-"""The spoke's connection to the hub: request/response over one stream, with reconnects.
+"""The spoke's link to the hub: a pool of TCP connections paced by one congestion controller.
 
-``HubClient.run`` owns the connection and redials with exponential backoff when it breaks;
-requests wait for a live link until their deadline, are re-sent on a new connection if the old
-one died under them, and blocks are checked against the hub's checksums before they are
+The kernel moves the bytes (several TCP connections, ``TCP_CONGESTION=bbr`` where offered);
+our controller (``fabric.congestion``, ``bbr`` or ``cubic``) decides how many reply bytes may be
+outstanding and when the next prefetch request may leave (``transport.request_pipe``). The
+connections have two roles:
+
+* **bulk** (``connections``, dialled ``BULK_STAGGER`` apart): prefetch requests, cut into
+  chunks as the controller's window and pacer allow, each sent on the bulk connection with
+  the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
+  kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
+  segment's stall and release would read to the controller as a burst of bandwidth.
+* **demand** (``demand_connections``, grown on need up to ``MAX_DEMAND_CONNECTIONS``): demand
+  reads skip the prefetch queue and the pacer and go out at once on a connection that carries
+  no prefetch, so a demand reply never waits behind megabytes of prefetch replies in one TCP
+  stream; the hub serves them before any queued prefetch. TCP delivers in order, so one lost
+  segment stalls everything behind it on that connection for a round trip or more: a demand
+  read therefore prefers a connection with nothing outstanding, and a small one goes out on
+  two such connections at once (the first verified reply wins), so a single random loss does
+  not cost it a retransmission round trip.
+
+Every connection redials with exponential backoff when it breaks; requests on a lost
+connection are sent again. Blocks are checked against the hub's checksums before they are
 returned. Callers see ``HubUnavailable``, ``ChecksumError`` or ``RemoteError`` - nothing else.
 """
 
@@ -11,6 +29,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,21 +39,70 @@ from neuralcache.blocks import BLOCK_SIZE
 
 from . import metrics
 from .checksum import bad_blocks
-from .protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
-                       MetaReply, MetaRequest, ProtocolError, ReadReply, ReadRequest, Welcome,
+from .congestion import CongestionStats, create_controller
+from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, MetaReply,
+                       MetaRequest, Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
                        encode)
+from .transport import tcp
+from .transport.arrivals import ArrivalTracker
+from .transport.blocksums import intact
+from .transport.framing import FrameReader, read_reply_size
+from .transport.limits import MAX_REQUESTS_PER_CONNECTION
+from .transport.request_pipe import RequestPipe
 
 log = logging.getLogger(__name__)
-
-RECEIVE_CHUNK = 1024 * 1024
-"""Bytes asked of the socket per receive: large, since replies carry up to 4 MiB of blocks."""
 
 BACKOFF_INITIAL = 0.1
 """First redial delay after the hub is lost (seconds); doubles up to ``BACKOFF_MAX``."""
 BACKOFF_MAX = 5.0
 
 CHECKSUM_ATTEMPTS = 3
-"""Fetches of a range whose blocks keep failing verification before the read fails."""
+"""Replies for the same range that may fail verification before the read fails."""
+
+DEFAULT_CONNECTIONS = 4
+"""Bulk (prefetch) connections. Several, so one connection's loss recovery or its kernel
+BBR's PROBE_RTT (cwnd of 4 packets for a round trip every 10 s) idles only part of the pipe."""
+
+BULK_STAGGER = 10.0
+"""Seconds over which the bulk connections are dialled, evenly spaced. The kernel's BBR enters
+PROBE_RTT (cwnd of 4 packets for 200 ms and a round trip) 10 s after its connection's last
+min-RTT sample, the first one taken at the handshake: connections dialled together probe
+together, stalling the whole pipe, and the backlog they release afterwards queues at the
+bottleneck for a second or two, in front of demand replies (measured at 60 ms). Spread out,
+one connection probes at a time and the dispatcher sends around it."""
+
+DEFAULT_DEMAND_CONNECTIONS = 2
+"""Demand connections dialled at start: one per copy of a hedged read."""
+
+MAX_DEMAND_CONNECTIONS = 32
+"""Demand connections the pool may grow to: on a 900 ms path ten misses a second keep ~18
+requests (two copies each) outstanding, and each wants a connection of its own."""
+
+MAX_PARALLEL_DIALS = 4
+"""Demand connections dialled at once while the pool grows."""
+
+HEDGE_COPIES = 2
+"""Copies of a small demand read sent at once, each on its own idle demand connection."""
+
+HEDGE_MAX_BLOCKS = 32
+"""Demand reads up to this many blocks (128 KiB, one FUSE read) go out on two connections;
+doubling a larger read would cost more bandwidth than a loss costs it in time."""
+
+PUBLISH_PERIOD = 0.05
+"""Seconds between exports of the controller's model to Prometheus (acks come ~1000/s)."""
+
+ARRIVAL_POLL_PERIOD = 0.002
+"""Seconds between looks at the bulk connections' kernel counters while prefetch is in flight
+(they are also read after every reply): a reply held back behind a lost segment is counted
+as delivered within this long of its arrival, not a round trip later (transport.arrivals)."""
+
+WATCHDOG_PERIOD = 1.0
+"""Longest interval between checks for requests older than ``attempt_timeout``."""
+
+PRIORITIES = {"demand": Priority.DEMAND, "prefetch": Priority.PREFETCH}
+"""The ``priority`` names ``HubClient.read`` accepts."""
+
+DEMAND, BULK = "demand", "bulk"  # connection roles
 
 
 class HubUnavailable(Exception):
@@ -53,209 +121,557 @@ class RemoteError(Exception):
         self.code = code
 
 
-class _ConnectionLost(Exception):
-    """Internal: the connection a request was sent on is gone; the request may be retried."""
+class _Signal:
+    """A level-free wake-up: ``wait`` returns at the next ``fire`` (or the deadline)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, deadline: float = math.inf) -> None:
+        with trio.move_on_at(deadline):
+            await self._event.wait()
 
 
-@dataclass
-class _Pending:
-    done: trio.Event = field(default_factory=trio.Event)
+class _Read:
+    """One ``read`` call: its range, what has arrived, and how it ended."""
+
+    def __init__(self, file_id: int, version: int, first: int, count: int, priority: int) -> None:
+        self.file_id = file_id
+        self.version = version
+        self.first = first
+        self.count = count
+        self.priority = priority
+        self.parts: dict[int, bytes] = {}  # verified data by first block
+        self.blocks_done = 0
+        self.failures: dict[int, int] = {}  # bad replies by first block of the range
+        self.copies = 0  # demand: copies of the request outstanding
+        self.resend = True  # demand: no copy outstanding, send (again)
+        self.finished = False
+        self.error: BaseException | None = None
+        self.changed = _Signal()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        if not self.finished:
+            self.finished = True
+            self.error = error
+            self.changed.fire()
+
+    def data(self) -> bytes:
+        return b"".join(self.parts[k] for k in sorted(self.parts))
+
+
+@dataclass(eq=False)
+class _Sent:
+    """A request on the wire and what to do with its reply."""
+
+    req_id: int
+    packet_id: int | None  # the controller's id (prefetch chunks only)
+    nbytes: int
+    sent_at: float
+    read: _Read | None = None
+    first: int = 0
+    count: int = 0
+    copy: bool = False  # one of a demand read's copies (counted in ``_Read.copies``)
+    acked: bool = False  # the controller has been told it was delivered
+    meta: list[MetaEntry] = field(default_factory=list)
     reply: Message | None = None
-    chunks: list[MetaEntry] = field(default_factory=list)
-    lost: bool = False
+    done: trio.Event = field(default_factory=trio.Event)
 
 
 class _Connection:
-    """One live, greeted stream to the hub and the requests waiting on it."""
+    """One live, greeted stream to the hub and the requests outstanding on it."""
 
-    def __init__(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> None:
+    def __init__(self, stream: trio.SocketStream, reader: FrameReader, role: str,
+                 hello_rtt: float) -> None:
         self.stream = stream
-        self.decoder = decoder
-        self.pending: dict[int, _Pending] = {}
+        self.reader = reader
+        self.role = role
+        self.hello_rtt = hello_rtt  # no reply can come back faster than the greeting did
+        self.pending: dict[int, _Sent] = {}
+        self.pending_bytes = 0
+        self.unarrived = 0  # pending requests whose reply has not reached the kernel
+        self.last_sent = -math.inf
         self.send_lock = trio.Lock()
         self.closed = False
+        # Bulk connections: which replies reached the kernel, holes or not (transport.arrivals).
+        self.arrivals = ArrivalTracker() if role == BULK else None
 
-    async def send(self, frame: bytes) -> None:
-        async with self.send_lock:
-            await self.stream.send_all(frame)
+    @property
+    def has_room(self) -> bool:
+        """Whether another request may go: fewer than the hub's limit are still on their way
+        (a reply that has reached the kernel, held back or not, no longer counts)."""
+        return not self.closed and self.unarrived < MAX_REQUESTS_PER_CONNECTION
 
-    async def receive_loop(self) -> None:
-        while True:
-            data = await self.stream.receive_some(RECEIVE_CHUNK)
-            if not data:
-                raise trio.BrokenResourceError("hub closed the connection")
-            for msg in self.decoder.feed(data):
-                self._dispatch(msg)
-
-    def _dispatch(self, msg: Message) -> None:
-        if not isinstance(msg, (ReadReply, MetaReply, ErrorReply)):
-            raise ProtocolError(f"unexpected {type(msg).__name__} from the hub")
-        slot = self.pending.get(msg.req_id)
-        if slot is None:
-            return  # a reply to a request that already timed out
-        if isinstance(msg, MetaReply):
-            slot.chunks.extend(msg.entries)
-            if not msg.done:
-                return
-        slot.reply = msg
-        del self.pending[msg.req_id]
-        slot.done.set()
-
-    def fail_all(self) -> None:
-        self.closed = True
-        for slot in self.pending.values():
-            slot.lost = True
-            slot.done.set()
-        self.pending.clear()
+    def oldest(self) -> float:
+        return min((s.sent_at for s in self.pending.values()), default=math.inf)
 
 
 class HubClient:
     """A spoke's link to one hub."""
 
     def __init__(self, host: str, port: int, *, name: str = "spoke",
-                 connect_timeout: float = 10.0, attempt_timeout: float = 30.0) -> None:
+                 connect_timeout: float = 10.0, attempt_timeout: float = 30.0,
+                 congestion: str = "bbr", connections: int = DEFAULT_CONNECTIONS,
+                 demand_connections: int = DEFAULT_DEMAND_CONNECTIONS,
+                 tcp_congestion: str | None = "bbr", stagger: float = BULK_STAGGER) -> None:
+        if connections < 1 or demand_connections < 1:
+            raise ValueError("need at least one bulk and one demand connection")
         self.host = host
         self.port = port
         self.name = name
         self.connect_timeout = connect_timeout
         self.attempt_timeout = attempt_timeout
-        self._conn: _Connection | None = None
-        self._link_changed = trio.Event()
+        self.tcp_congestion = tcp_congestion
+        self._bulk_slots = connections
+        self._demand_slots = demand_connections
+        self._stagger = stagger / connections  # between one bulk connection's dial and the next
+        # One spoke, many connections: the hub groups them by this name for its fair share.
+        self._hello_name = f"{name}#{secrets.token_hex(4)}"
+        self._pipe = RequestPipe(create_controller(congestion))
+        self._conns: list[_Connection] = []
         self._ids = itertools.count(1)
+        self._link_changed = _Signal()
+        self._wake = _Signal()  # the dispatcher's: work queued, window opened, link changed
+        self._nursery: trio.Nursery | None = None
+        self._dialing = 0  # demand connections being dialled beyond the initial pool
+        self._state_label: tuple[str, str] | None = None
+        self._next_publish = -math.inf
+
+    # -- public ----------------------------------------------------------------------------
 
     @property
     def connected(self) -> bool:
-        return self._conn is not None
+        return bool(self._conns)
+
+    def stats(self) -> CongestionStats:
+        """The congestion controller's model of the path. The Prometheus gauges follow it
+        (refreshed every ``PUBLISH_PERIOD`` while requests complete, and by this call)."""
+        self._publish()
+        return self._pipe.stats()
+
+    @property
+    def prefetch_headroom(self) -> float:
+        """Fraction of the controller's pacing rate prefetch currently leaves unused."""
+        return self._pipe.headroom
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Connect (raising HubUnavailable if that fails within connect_timeout), then keep the
-        link up forever, redialling with backoff."""
-        with trio.move_on_after(self.connect_timeout):
-            conn = await self._dial_until_up()
-        if self._conn is None:
-            raise HubUnavailable(
-                f"cannot reach the hub at {self.host}:{self.port} within {self.connect_timeout:g} s")
-        task_status.started()
-        while True:
-            await self._serve(conn)
-            conn = await self._dial_until_up()
+        pool up forever, redialling with backoff."""
+        unreachable = False
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            # All connections are dialled at once: on a 900 ms path each dial and hello takes
+            # two round trips, which the bulk connections should not add after the first's.
+            for i in range(self._demand_slots):
+                nursery.start_soon(self._keep_up, DEMAND, i > 0)
+            for i in range(self._bulk_slots):
+                nursery.start_soon(self._keep_up, BULK, True, False, i * self._stagger)
+            nursery.start_soon(self._dispatch)
+            nursery.start_soon(self._arrival_poller)
+            with trio.move_on_after(self.connect_timeout):
+                while not self._conns:
+                    await self._link_changed.wait()
+            if self._conns:
+                task_status.started()
+            else:
+                unreachable = True
+                nursery.cancel_scope.cancel()
+        if unreachable:
+            raise HubUnavailable(f"cannot reach the hub at {self.host}:{self.port} "
+                                 f"within {self.connect_timeout:g} s")
 
-    async def _dial_until_up(self) -> _Connection:
-        backoff = BACKOFF_INITIAL
+    async def metadata(self, timeout: float = math.inf) -> list[MetaEntry]:
+        """The export's namespace snapshot."""
+        deadline = trio.current_time() + timeout
         while True:
-            try:
-                conn = await self._dial()
-            except (OSError, trio.BrokenResourceError, ProtocolError) as exc:
-                log.warning("hub %s:%s unreachable (%s); retrying in %.1f s",
-                            self.host, self.port, exc, backoff)
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+            conn = self._pick_demand(1)
+            if not conn:
+                await self._wait_for_link(deadline)
                 continue
-            self._set_link(conn)
-            return conn
-
-    async def _dial(self) -> _Connection:
-        stream = await trio.open_tcp_stream(self.host, self.port)
-        try:
-            decoder = FrameDecoder()
-            await stream.send_all(encode(Hello(PROTOCOL_VERSION, self.name)))
-            with trio.fail_after(self.connect_timeout):
-                msgs: list[Message] = []
-                while not msgs:
-                    data = await stream.receive_some(RECEIVE_CHUNK)
-                    if not data:
-                        raise trio.BrokenResourceError("hub closed the connection during hello")
-                    msgs = decoder.feed(data)
-            if isinstance(msgs[0], ErrorReply):
-                raise ProtocolError(f"hub refused the hello: {msgs[0].message}")
-            if not isinstance(msgs[0], Welcome):
-                raise ProtocolError(f"expected welcome, got {type(msgs[0]).__name__}")
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
-        conn = _Connection(stream, decoder)
-        for msg in msgs[1:]:
-            conn._dispatch(msg)
-        return conn
-
-    def _set_link(self, conn: _Connection | None) -> None:
-        self._conn = conn
-        metrics.HUB_LINK_UP.set(1 if conn is not None else 0)
-        self._link_changed.set()
-        self._link_changed = trio.Event()
-
-    async def _serve(self, conn: _Connection) -> None:
-        try:
-            await conn.receive_loop()
-        except ProtocolError as exc:
-            metrics.PROTOCOL_ERRORS.labels("spoke").inc()
-            log.error("hub sent a malformed frame (%s); reconnecting", exc)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            log.warning("lost the hub connection: %s", exc)
-        finally:
-            self._set_link(None)
-            conn.fail_all()
-            await trio.aclose_forcefully(conn.stream)
-
-    async def _link(self, deadline: float) -> _Connection:
-        while self._conn is None:
-            if trio.current_time() >= deadline:
-                raise HubUnavailable(f"hub {self.host}:{self.port} unreachable")
+            sent = _Sent(next(self._ids), None, 0, trio.current_time())
+            await self._send(conn[0], sent, encode(MetaRequest(sent.req_id)))
             with trio.move_on_at(deadline):
-                await self._link_changed.wait()
-        return self._conn
-
-    async def _request(self, make: Any, deadline: float) -> Message:
-        """Send ``make(req_id)`` and wait for its reply, re-sending after a lost connection."""
-        while True:
-            conn = await self._link(deadline)
-            req_id = next(self._ids)
-            slot = _Pending()
-            conn.pending[req_id] = slot
-            try:
-                await conn.send(encode(make(req_id)))
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                slot.lost = True
-            if not slot.lost:
-                with trio.move_on_at(min(deadline, trio.current_time() + self.attempt_timeout)):
-                    await slot.done.wait()
-            conn.pending.pop(req_id, None)
-            if slot.reply is not None:
-                if isinstance(slot.reply, ErrorReply):
-                    raise RemoteError(slot.reply.code, slot.reply.message)
-                if isinstance(slot.reply, MetaReply):
-                    return MetaReply(slot.reply.req_id, tuple(slot.chunks), True)
-                return slot.reply
-            if not slot.lost and not conn.closed:
-                # No answer in attempt_timeout on a connection that looks alive: drop it.
-                log.warning("hub did not answer request %d in time; redialling", req_id)
-                await trio.aclose_forcefully(conn.stream)
+                await sent.done.wait()
+            if isinstance(sent.reply, MetaReply):
+                return sent.meta
+            if isinstance(sent.reply, ErrorReply):
+                raise RemoteError(sent.reply.code, sent.reply.message)
             if trio.current_time() >= deadline:
                 raise HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
             metrics.HUB_FETCH_RETRIES.inc()
 
-    async def metadata(self, timeout: float = math.inf) -> list[MetaEntry]:
-        """The export's namespace snapshot."""
-        reply = await self._request(MetaRequest, trio.current_time() + timeout)
-        assert isinstance(reply, MetaReply)
-        return list(reply.entries)
-
     async def read(self, file_id: int, version: int, first: int, count: int, *,
-                   deadline: float) -> bytes:
-        """Blocks ``first`` .. ``first + count - 1``, verified against their checksums."""
-        for _ in range(CHECKSUM_ATTEMPTS):
-            reply = await self._request(
-                lambda rid: ReadRequest(rid, file_id, version, first, count), deadline)
-            assert isinstance(reply, ReadReply)
-            if reply.first != first or len(reply.data) > count * BLOCK_SIZE:
-                bad = list(range(count))  # not the range asked for: as good as corrupt
+                   deadline: float, priority: str = "demand") -> bytes:
+        """Blocks ``first`` .. ``first + count - 1``, verified against their checksums.
+
+        ``priority`` is ``"demand"`` (a reader waits: sent at once, served first) or
+        ``"prefetch"`` (queued, paced, served with what demand leaves)."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {sorted(PRIORITIES)}, got {priority!r}")
+        job = _Read(file_id, version, first, count, PRIORITIES[priority])
+        try:
+            if job.priority == Priority.PREFETCH and count > 0:
+                self._pipe.submit(job, first, count)
+                self._wake.fire()
+                await job.changed.wait(deadline)
             else:
-                bad = bad_blocks(reply.data, reply.checksums)
-            if not bad:
-                return reply.data
-            metrics.CHECKSUM_FAILURES.inc(len(bad))
-            log.error("%d block(s) of file %d from block %d failed their checksum; re-fetching",
-                      len(bad), file_id, first)
+                await self._drive_demand(job, deadline)
+            if not job.finished:
+                raise HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
+            if job.error is not None:
+                raise job.error
+            return job.data()
+        finally:
+            job.finished = True  # late replies (a hedge's twin) are dropped
+            if job.priority == Priority.PREFETCH:
+                self._pipe.cancel(job)
+
+    # -- demand ----------------------------------------------------------------------------
+
+    async def _drive_demand(self, job: _Read, deadline: float) -> None:
+        """Send the demand read (and again after a loss or a bad reply) until it finishes."""
+        while not job.finished:
+            if job.resend:
+                copies = HEDGE_COPIES if 0 < job.count <= HEDGE_MAX_BLOCKS else 1
+                conns = self._pick_demand(copies)
+                if not conns:
+                    if trio.current_time() >= deadline:
+                        return
+                    await self._wake.wait(deadline)  # no link, or every connection full
+                    continue
+                job.resend = False
+                for conn in conns:
+                    await self._send_read(conn, job, job.first, job.count, None)
+                continue  # a reply (or a loss) may have come in while sending
+            await job.changed.wait(deadline)
+            if trio.current_time() >= deadline:
+                return
+
+    def _pick_demand(self, copies: int) -> list[_Connection]:
+        """Up to ``copies`` distinct connections for a demand request: first those with nothing
+        outstanding (no lost segment can be holding them up), least recently used first; the
+        second copy only on such an idle one. Falls back to a bulk connection if no demand
+        connection has room."""
+        demand = [c for c in self._conns if c.role == DEMAND and c.has_room]
+        idle = sorted((c for c in demand if not c.pending), key=lambda c: c.last_sent)
+        if len(idle) < copies:
+            self._grow_demand(copies - len(idle))
+        if idle:
+            return idle[:copies]
+        if demand:  # the one whose oldest request is youngest: least likely held up
+            return [max(demand, key=lambda c: (c.oldest(), -len(c.pending)))]
+        bulk = [c for c in self._conns if c.has_room]
+        return [min(bulk, key=lambda c: c.pending_bytes)] if bulk else []
+
+    def _grow_demand(self, wanted: int) -> None:
+        """Dial more demand connections (in the background) when too few are idle."""
+        if self._nursery is None:
+            return
+        room = min(wanted - self._dialing, MAX_DEMAND_CONNECTIONS - self._demand_slots,
+                   MAX_PARALLEL_DIALS - self._dialing)
+        for _ in range(max(0, room)):
+            self._dialing += 1
+            self._demand_slots += 1
+            self._nursery.start_soon(self._keep_up, DEMAND, True, True)
+
+    # -- prefetch --------------------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        """Release queued prefetch chunks as the controller's window and pacer allow."""
+        while True:
+            bulk = [c for c in self._conns if c.role == BULK and c.has_room]
+            if not bulk:
+                await self._wake.wait()
+                continue
+            out = self._pipe.poll(trio.current_time())
+            if out is None:
+                await self._wake.wait()
+            elif isinstance(out, float):
+                await self._wake.wait(out)
+            else:
+                conn = min(bulk, key=lambda c: c.pending_bytes)
+                await self._send_read(conn, out.job, out.first, out.count, out.packet_id)
+
+    # -- sending and receiving -------------------------------------------------------------
+
+    async def _send_read(self, conn: _Connection, job: _Read, first: int, count: int,
+                         packet_id: int | None) -> None:
+        """Send one read request; ``packet_id`` is the pipe's for a prefetch chunk, None for a
+        copy of a demand request (charged to the pacer here)."""
+        now = trio.current_time()
+        nbytes = max(count, 0) * BLOCK_SIZE
+        copy = packet_id is None
+        if copy:
+            self._pipe.send_demand(now, nbytes)
+            job.copies += 1
+        sent = _Sent(next(self._ids), packet_id, nbytes, now, job, first, count, copy=copy)
+        name = "demand" if job.priority == Priority.DEMAND else "prefetch"
+        metrics.FABRIC_REQUESTS.labels(name).inc()
+        if conn.arrivals is not None and not conn.closed:
+            conn.arrivals.expect(sent.req_id, read_reply_size(sent.req_id, first, max(count, 0)))
+        await self._send(conn, sent, encode(ReadRequest(
+            sent.req_id, job.file_id, job.version, first, count, job.priority)))
+
+    async def _send(self, conn: _Connection, sent: _Sent, frame: bytes) -> None:
+        if conn.closed:
+            self._lost(sent)
+            return
+        conn.pending[sent.req_id] = sent
+        conn.pending_bytes += sent.nbytes
+        conn.unarrived += 1
+        conn.last_sent = sent.sent_at
+        try:
+            async with conn.send_lock:
+                await conn.stream.send_all(frame)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            # The receive loop sees the close and fails everything outstanding, this included.
+            await trio.aclose_forcefully(conn.stream)
+
+    def _on_message(self, conn: _Connection, msg: Message) -> None:
+        if not isinstance(msg, (ReadReply, MetaReply, ErrorReply)):
+            raise ProtocolError(f"unexpected {type(msg).__name__} from the hub")
+        sent = conn.pending.get(msg.req_id)
+        if sent is None:
+            return  # not ours (a hub error about the connection itself)
+        if isinstance(msg, MetaReply):
+            sent.meta.extend(msg.entries)
+            if not msg.done:
+                return
+        del conn.pending[msg.req_id]
+        conn.pending_bytes -= sent.nbytes
+        if conn.arrivals is not None:
+            conn.arrivals.completed(msg.req_id, conn.reader.consumed)
+        self._arrived(conn, sent)
+        self._poll_arrivals()
+        sent.reply = msg
+        sent.done.set()
+        if sent.read is not None:
+            self._read_reply(sent, msg)
+        self._wake.fire()
+
+    def _arrived(self, conn: _Connection, sent: _Sent) -> None:
+        """``sent``'s reply has reached the spoke (its kernel, or the application): tell the
+        controller it was delivered, once."""
+        if sent.acked:
+            return
+        sent.acked = True
+        conn.unarrived -= 1
+        if sent.packet_id is None:
+            return
+        now = trio.current_time()
+        self._pipe.on_acked(now, sent.packet_id)
+        if now >= self._next_publish:
+            self._publish()
+            self._next_publish = now + PUBLISH_PERIOD
+
+    def _poll_arrivals(self) -> None:
+        """Ack the prefetch replies that have reached the kernel, though TCP holds them back."""
+        for conn in self._conns:
+            if conn.arrivals is None or not conn.pending:
+                continue
+            counters = tcp.counters(conn.stream)
+            if counters is None:
+                continue
+            now = trio.current_time()
+            for req_id in conn.arrivals.observe(counters):
+                sent = conn.pending.get(req_id)
+                # A reply "arrived" sooner than a round trip is the estimate overshooting
+                # (duplicate segments): leave that one to be acked when it is complete.
+                if sent is not None and now - sent.sent_at >= conn.hello_rtt:
+                    self._arrived(conn, sent)
+
+    async def _arrival_poller(self) -> None:
+        while True:
+            await trio.sleep(ARRIVAL_POLL_PERIOD)
+            self._poll_arrivals()
+
+    def _read_reply(self, sent: _Sent, msg: Message) -> None:
+        job = sent.read
+        assert job is not None
+        job.copies -= sent.copy
+        if job.finished:
+            return  # the other copy of a hedged read won, or the reader gave up
+        if isinstance(msg, ErrorReply):
+            job.finish(RemoteError(msg.code, msg.message))
+            return
+        assert isinstance(msg, ReadReply)
+        if msg.first != sent.first or len(msg.data) > sent.count * BLOCK_SIZE:
+            bad = list(range(sent.count))  # not the range asked for: as good as corrupt
+        elif intact(msg.data, msg.checksums):
+            bad = []
+        else:
+            bad = bad_blocks(msg.data, msg.checksums)
+        if not bad:
+            job.parts[sent.first] = msg.data
+            job.blocks_done += sent.count
+            if job.blocks_done >= job.count:
+                job.finish()
+            return
+        metrics.CHECKSUM_FAILURES.inc(len(bad))
+        log.error("%d block(s) of file %d from block %d failed their checksum; re-fetching",
+                  len(bad), job.file_id, sent.first)
+        failures = job.failures[sent.first] = job.failures.get(sent.first, 0) + 1
+        if failures >= CHECKSUM_ATTEMPTS:
+            job.finish(ChecksumError(f"file {job.file_id} blocks {sent.first}+{sent.count}: "
+                                     f"checksum mismatch {failures} times"))
+            return
+        self._retry(sent)
+
+    def _lost(self, sent: _Sent) -> None:
+        """``sent`` will get no reply (its connection died or timed out)."""
+        sent.done.set()
+        if sent.packet_id is not None and not sent.acked:
+            sent.acked = True
+            self._pipe.on_lost(trio.current_time(), sent.packet_id)
+            metrics.FABRIC_LOST_REQUESTS.inc()
+        job = sent.read
+        if job is None:
+            return
+        job.copies -= sent.copy
+        if not job.finished:
+            self._retry(sent)
+
+    def _retry(self, sent: _Sent) -> None:
+        job = sent.read
+        assert job is not None
+        if not sent.copy:
             metrics.HUB_FETCH_RETRIES.inc()
-        raise ChecksumError(f"file {file_id} blocks {first}+{count}: checksum mismatch "
-                            f"{CHECKSUM_ATTEMPTS} times")
+            self._pipe.requeue(job, sent.first, sent.count)
+            self._wake.fire()
+        elif job.copies == 0:  # a hedge's twin may still bring it
+            metrics.HUB_FETCH_RETRIES.inc()
+            job.resend = True
+            job.changed.fire()
+
+    # -- connections -----------------------------------------------------------------------
+
+    async def _keep_up(self, role: str, quiet: bool, grown: bool = False,
+                       offset: float = 0.0) -> None:
+        """Keep one connection of ``role`` up; ``quiet`` logs its failed dials at debug level
+        (one slot reports for all), ``grown`` marks a demand slot added by ``_grow_demand``,
+        ``offset`` delays each (re)dial to keep the bulk connections apart (BULK_STAGGER)."""
+        try:
+            while True:
+                await trio.sleep(offset)
+                conn = await self._dial_until_up(role, quiet=quiet)
+                if grown:
+                    self._dialing -= 1
+                    grown = False
+                await self._serve(conn)
+        finally:
+            if grown:
+                self._dialing -= 1
+
+    async def _dial_until_up(self, role: str, *, quiet: bool) -> _Connection:
+        backoff = BACKOFF_INITIAL
+        while True:
+            try:
+                with trio.fail_after(self.connect_timeout):
+                    return await self._dial(role)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError,
+                    trio.TooSlowError) as exc:
+                (log.debug if quiet else log.warning)(
+                    "hub %s:%s unreachable (%s); retrying in %.1f s",
+                    self.host, self.port, str(exc) or type(exc).__name__, backoff)
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _dial(self, role: str) -> _Connection:
+        stream = await trio.open_tcp_stream(self.host, self.port)
+        try:
+            tcp.configure(stream, self.tcp_congestion)
+            reader = FrameReader(stream)
+            greeted = trio.current_time()
+            await stream.send_all(encode(Hello(PROTOCOL_VERSION, self._hello_name)))
+            msg = await reader.receive()
+            hello_rtt = trio.current_time() - greeted
+            if msg is None:
+                raise trio.BrokenResourceError("hub closed the connection during hello")
+            if isinstance(msg, ErrorReply):
+                raise ProtocolError(f"hub refused the hello: {msg.message}")
+            if not isinstance(msg, Welcome):
+                raise ProtocolError(f"expected welcome, got {type(msg).__name__}")
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return _Connection(stream, reader, role, hello_rtt)
+
+    async def _serve(self, conn: _Connection) -> None:
+        self._conns.append(conn)
+        self._links_changed()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watchdog, conn)
+                await self._receive_loop(conn)
+                nursery.cancel_scope.cancel()
+        except* ProtocolError as group:
+            metrics.PROTOCOL_ERRORS.labels("spoke").inc()
+            log.error("hub sent a malformed frame (%s); reconnecting", group.exceptions[0])
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+            last = self._conns == [conn]  # the link is down only when the last one goes
+            (log.warning if last else log.info)("lost a hub connection: %s", group.exceptions[0])
+        finally:
+            conn.closed = True
+            self._conns.remove(conn)
+            pending = list(conn.pending.values())
+            conn.pending.clear()
+            conn.pending_bytes = 0
+            conn.unarrived = 0
+            for sent in pending:
+                self._lost(sent)
+            self._links_changed()
+            await trio.aclose_forcefully(conn.stream)
+
+    async def _receive_loop(self, conn: _Connection) -> None:
+        while True:
+            msg = await conn.reader.receive()
+            if msg is None:
+                raise trio.BrokenResourceError("hub closed the connection")
+            self._on_message(conn, msg)
+
+    async def _watchdog(self, conn: _Connection) -> None:
+        """Drop a connection on which a request has waited ``attempt_timeout`` for its reply."""
+        period = min(WATCHDOG_PERIOD, self.attempt_timeout / 4)
+        while True:
+            await trio.sleep(period)
+            if trio.current_time() - conn.oldest() > self.attempt_timeout:
+                log.warning("hub did not answer a request in %g s; redialling",
+                            self.attempt_timeout)
+                await trio.aclose_forcefully(conn.stream)
+                return
+
+    def _links_changed(self) -> None:
+        metrics.HUB_LINK_UP.set(1 if self._conns else 0)
+        for role in (DEMAND, BULK):
+            metrics.FABRIC_CONNECTIONS.labels(role).set(
+                sum(c.role == role for c in self._conns))
+        self._link_changed.fire()
+        self._wake.fire()
+
+    async def _wait_for_link(self, deadline: float) -> None:
+        if trio.current_time() >= deadline:
+            raise HubUnavailable(f"hub {self.host}:{self.port} unreachable")
+        await self._link_changed.wait(deadline)
+
+    def _publish(self) -> None:
+        """Export the controller's model to Prometheus."""
+        s = self._pipe.stats()
+        metrics.FABRIC_BTL_BW.set(s.btl_bw)
+        metrics.FABRIC_MIN_RTT.set(s.min_rtt if math.isfinite(s.min_rtt) else 0.0)
+        metrics.FABRIC_SRTT.set(s.srtt if math.isfinite(s.srtt) else 0.0)
+        metrics.FABRIC_PACING_RATE.set(s.pacing_rate)
+        metrics.FABRIC_CWND.set(s.cwnd)
+        metrics.FABRIC_INFLIGHT.set(s.bytes_in_flight)
+        metrics.FABRIC_QUEUED.set(self._pipe.queued_bytes)
+        metrics.FABRIC_LOSS_RATIO.set(s.loss_rate)
+        metrics.FABRIC_HEADROOM.set(self._pipe.headroom)
+        label = (s.name, s.state)
+        if label != self._state_label:
+            if self._state_label is not None:
+                metrics.FABRIC_STATE.labels(*self._state_label).set(0)
+            metrics.FABRIC_STATE.labels(*label).set(1)
+            self._state_label = label

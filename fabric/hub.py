@@ -1,40 +1,108 @@
 """The hub block server: a thin trio shell around ``Export`` and the sans-IO protocol.
 
-Each connection gets a reader, a writer and a bounded set of request tasks. A slow or stuck
-spoke fills only its own reply channel; its reader then stops taking requests, and no other
-connection notices. Disk reads and checksums run in worker threads so the loop stays free.
+Each connection gets a reader and a writer. The reader turns each request into a task; a read
+task first takes a slot of its connection's outbox (``OUTBOX_FRAMES`` replies), then queues for
+one of the hub's few read slots, which ``FairQueue`` hands out demand first and, within a
+class, in equal byte shares per spoke (a spoke is all connections that said hello with the
+same name, so a spoke with eight connections gets no more than one with one). A spoke that
+stops reading fills only its own outbox: its tasks wait there without holding a read slot,
+its reader stops taking requests at ``max_outstanding``, and no other spoke notices. Disk
+reads and checksums run in worker threads so the loop stays free.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
+from neuralcache.blocks import BLOCK_SIZE
+
 from . import hub_metrics, metrics
-from .checksum import range_checksums
 from .export import Export, ExportError
-from .protocol import (META_CHUNK_ENTRIES, MAX_READ_BLOCKS, PROTOCOL_VERSION, ErrorCode,
-                       ErrorReply, FrameDecoder, Hello, Message, MetaReply, MetaRequest,
-                       ProtocolError, ReadReply, ReadRequest, Welcome, encode)
+from .protocol import (META_CHUNK_ENTRIES, MAX_READ_BLOCKS, OLDEST_PROTOCOL_VERSION,
+                       PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello, Message, MetaReply,
+                       MetaRequest, ProtocolError, ReadRequest, Welcome, encode)
+from .transport import tcp
+from .transport.blocksums import range_checksums
+from .transport.fair_queue import FairQueue
+from .transport.framing import Frame, FrameReader, read_reply_frame, send_frame
+from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 
 log = logging.getLogger(__name__)
 
-MAX_OUTSTANDING = 64
+MAX_OUTSTANDING = MAX_REQUESTS_PER_CONNECTION
 """Requests one connection may have in progress; beyond it the hub stops reading that socket."""
 
-RECEIVE_CHUNK = 256 * 1024
-"""Bytes asked of the socket per receive; requests are small, so this is plenty."""
+READ_SLOTS = 4
+"""Disk reads (with their checksums) in progress at once across all spokes: enough to keep two
+cores and the disk busy; more would only let a greedy spoke take more of them at a time."""
+
+OUTBOX_FRAMES = 4
+"""Replies per connection read ahead of its socket: keeps the kernel's buffer fed while
+bounding the memory a slow spoke can pin (4 x 4 MiB at most)."""
+
+
+@dataclass
+class _Waiter:
+    event: trio.Event = field(default_factory=trio.Event)
+    granted: bool = False
+
+
+class _FairGate:
+    """``slots`` read slots, handed to waiting requests in ``FairQueue`` order."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._queue: FairQueue[_Waiter] = FairQueue()
+
+    async def acquire(self, spoke: str, priority: int, cost: int) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self._free > 0 and not self._queue:
+            self._free -= 1
+            return
+        waiter = _Waiter()
+        self._queue.push(spoke, priority, cost, waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.granted:
+                self.release()  # granted as we were cancelled: pass the slot on
+            else:
+                self._queue.remove(spoke, priority, waiter)
+            raise
+
+    def release(self) -> None:
+        waiter = self._queue.pop()
+        if waiter is None:
+            self._free += 1
+        else:
+            waiter.granted = True
+            waiter.event.set()
+
+
+class _Outbox:
+    """Frames waiting for one connection's writer; read replies hold one of its slots."""
+
+    def __init__(self, max_frames: int) -> None:
+        self.slots = trio.Semaphore(max_frames)
+        self.send, self.receive = trio.open_memory_channel[tuple[Frame, bool]](
+            MAX_REQUESTS_PER_CONNECTION * 2)
 
 
 class HubServer:
     """Serves one export to any number of spokes."""
 
-    def __init__(self, export: Export, *, max_outstanding: int = MAX_OUTSTANDING) -> None:
+    def __init__(self, export: Export, *, max_outstanding: int = MAX_OUTSTANDING,
+                 read_slots: int = READ_SLOTS, tcp_congestion: str | None = "bbr") -> None:
         self.export = export
         self._max_outstanding = max_outstanding
+        self._tcp_congestion = tcp_congestion
+        self._gate = _FairGate(read_slots)
         self._scan_lock = trio.Lock()
+        self._spokes: dict[str, int] = {}  # spoke name -> open connections
 
     async def serve(self, host: str, port: int, *,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -44,79 +112,108 @@ class HubServer:
         await trio.serve_listeners(self.handle_connection, listeners)
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
-        hub_metrics.HUB_CONNECTED_SPOKES.inc()
-        send, receive = trio.open_memory_channel[bytes](self._max_outstanding)
+        spoke: str | None = None
         try:
+            if hasattr(stream, "setsockopt"):
+                tcp.configure(stream, self._tcp_congestion)
+            reader = FrameReader(stream)
+            spoke = await self._greet(stream, reader)
+            if spoke is None:
+                return
+            self._joined(spoke)
+            outbox = _Outbox(OUTBOX_FRAMES)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, stream, receive)
-                await self._reader(stream, nursery, send)
+                nursery.start_soon(self._writer, stream, outbox)
+                await self._reader(reader, spoke, nursery, outbox)
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
             metrics.PROTOCOL_ERRORS.labels("hub").inc()
             log.error("hub: closing connection after a protocol error: %s", group.exceptions[0])
-        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             log.info("hub: connection lost")
         finally:
-            hub_metrics.HUB_CONNECTED_SPOKES.dec()
+            if spoke is not None:
+                self._left(spoke)
             await trio.aclose_forcefully(stream)
 
-    async def _reader(self, stream: trio.abc.Stream, nursery: trio.Nursery,
-                      send: trio.MemorySendChannel[bytes]) -> None:
-        decoder = FrameDecoder()
-        slots = trio.Semaphore(self._max_outstanding)
-        greeted = False
-        while True:
-            data = await stream.receive_some(RECEIVE_CHUNK)
-            if not data:
-                if decoder.buffered:
-                    raise ProtocolError(f"connection closed inside a frame ({decoder.buffered} bytes)")
-                return
-            for msg in decoder.feed(data):
-                if not greeted:
-                    await self._greet(stream, msg)
-                    greeted = True
-                    continue
-                if not isinstance(msg, (ReadRequest, MetaRequest)):
-                    raise ProtocolError(f"a spoke may not send {type(msg).__name__}")
-                await slots.acquire()
-                nursery.start_soon(self._serve_request, msg, send, slots)
+    def _joined(self, spoke: str) -> None:
+        self._spokes[spoke] = self._spokes.get(spoke, 0) + 1
+        if self._spokes[spoke] == 1:
+            hub_metrics.HUB_CONNECTED_SPOKES.inc()
+            log.info("hub: spoke %s connected", spoke)
 
-    async def _greet(self, stream: trio.abc.Stream, msg: Message) -> None:
+    def _left(self, spoke: str) -> None:
+        self._spokes[spoke] -= 1
+        if not self._spokes[spoke]:
+            del self._spokes[spoke]
+            hub_metrics.HUB_CONNECTED_SPOKES.dec()
+
+    async def _greet(self, stream: trio.abc.Stream, reader: FrameReader) -> str | None:
+        """Answer the hello; the spoke's name, or None if it hung up before saying anything."""
+        msg = await reader.receive()
+        if msg is None:
+            return None
         if not isinstance(msg, Hello):
             raise ProtocolError(f"expected hello, got {type(msg).__name__}")
-        if msg.version != PROTOCOL_VERSION:
+        if not OLDEST_PROTOCOL_VERSION <= msg.version <= PROTOCOL_VERSION:
             await stream.send_all(encode(ErrorReply(
-                0, ErrorCode.VERSION_MISMATCH,
-                f"hub speaks protocol {PROTOCOL_VERSION}, spoke {msg.version}")))
+                0, ErrorCode.VERSION_MISMATCH, f"hub speaks protocol {OLDEST_PROTOCOL_VERSION}.."
+                f"{PROTOCOL_VERSION}, spoke {msg.version}")))
             raise ProtocolError(f"spoke {msg.client!r} speaks protocol {msg.version}")
-        log.info("hub: spoke %s connected", msg.client)
-        await stream.send_all(encode(Welcome(PROTOCOL_VERSION, self.export.root)))
+        reader.version = msg.version
+        await stream.send_all(encode(Welcome(msg.version, self.export.root)))
+        return msg.client
 
-    async def _serve_request(self, msg: ReadRequest | MetaRequest, send: trio.MemorySendChannel[bytes],
+    async def _reader(self, reader: FrameReader, spoke: str, nursery: trio.Nursery,
+                      outbox: _Outbox) -> None:
+        slots = trio.Semaphore(self._max_outstanding)
+        while True:
+            msg = await reader.receive()
+            if msg is None:
+                return
+            if not isinstance(msg, (ReadRequest, MetaRequest)):
+                raise ProtocolError(f"a spoke may not send {type(msg).__name__}")
+            await slots.acquire()
+            nursery.start_soon(self._serve_request, msg, spoke, outbox, slots)
+
+    async def _serve_request(self, msg: ReadRequest | MetaRequest, spoke: str, outbox: _Outbox,
                              slots: trio.Semaphore) -> None:
         try:
             if isinstance(msg, ReadRequest):
                 hub_metrics.HUB_REQUESTS.labels("read").inc()
-                await send.send(await self._read(msg))
+                await outbox.slots.acquire()
+                try:
+                    frame = await self._read(msg, spoke)
+                except BaseException:
+                    outbox.slots.release()
+                    raise
+                await outbox.send.send((frame, True))
             else:
                 hub_metrics.HUB_REQUESTS.labels("meta").inc()
                 for frame in await self._metadata(msg):
-                    await send.send(frame)
+                    await outbox.send.send(((frame,), False))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the connection is going away; the writer reports it
         finally:
             slots.release()
 
-    async def _read(self, req: ReadRequest) -> bytes:
+    async def _read(self, req: ReadRequest, spoke: str) -> Frame:
         if not 0 < req.count <= MAX_READ_BLOCKS:
             return _error(req.req_id, ErrorCode.BAD_REQUEST,
                           f"block count must be 1..{MAX_READ_BLOCKS}, got {req.count}")
+        await self._gate.acquire(spoke, req.priority, req.count * BLOCK_SIZE)
         try:
             data, sums = await trio.to_thread.run_sync(self._read_and_sum, req)
         except ExportError as exc:
             return _error(req.req_id, exc.code, str(exc))
+        except Exception as exc:  # a bug or an OS surprise: fail this request, not the hub
+            log.exception("hub: reading file %d blocks %d+%d failed", req.file_id, req.first,
+                          req.count)
+            return _error(req.req_id, ErrorCode.IO_ERROR, f"hub failed to read: {exc!r}")
+        finally:
+            self._gate.release()
         hub_metrics.HUB_SENT_BYTES.inc(len(data))
-        return encode(ReadReply(req.req_id, req.first, data, sums))
+        return read_reply_frame(req.req_id, req.first, data, sums)
 
     def _read_and_sum(self, req: ReadRequest) -> tuple[bytes, bytes]:
         data = self.export.read_blocks(req.file_id, req.version, req.first, req.count)
@@ -130,12 +227,13 @@ class HubServer:
         return [encode(MetaReply(req.req_id, tuple(chunk), i == len(chunks) - 1))
                 for i, chunk in enumerate(chunks)]
 
-    async def _writer(self, stream: trio.abc.Stream,
-                      receive: trio.MemoryReceiveChannel[bytes]) -> None:
-        async for frame in receive:
-            await stream.send_all(frame)
+    async def _writer(self, stream: trio.abc.Stream, outbox: _Outbox) -> None:
+        async for frame, holds_slot in outbox.receive:
+            await send_frame(stream, frame)
+            if holds_slot:
+                outbox.slots.release()
 
 
-def _error(req_id: int, code: str, message: str) -> bytes:
+def _error(req_id: int, code: str, message: str) -> Frame:
     hub_metrics.HUB_ERRORS.labels(code).inc()
-    return encode(ErrorReply(req_id, code, message))
+    return (encode(ErrorReply(req_id, code, message)),)

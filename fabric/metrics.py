@@ -16,3 +16,42 @@ HUB_FETCH_RETRIES = Counter(
     "Read requests the spoke sent again after a lost connection, a checksum failure or a timeout.")
 HUB_LINK_UP = Gauge(
     "neuralcache_hub_link_up", "1 while the spoke holds a working connection to the hub, else 0.")
+
+# The transport's congestion model (fabric/transport, fabric/congestion), as the spoke's
+# controller sees the path to its hub. Byte figures count read-reply payload.
+FABRIC_BTL_BW = Gauge(
+    "neuralcache_fabric_btl_bw_bytes_per_second",
+    "Bottleneck bandwidth estimate (BBR's windowed max delivery rate; CUBIC: latest rate).")
+FABRIC_MIN_RTT = Gauge(
+    "neuralcache_fabric_min_rtt_seconds",
+    "Smallest request round trip seen (request sent to reply fully received); 0 before any.")
+FABRIC_SRTT = Gauge(
+    "neuralcache_fabric_srtt_seconds", "Smoothed request round trip; 0 before any sample.")
+FABRIC_PACING_RATE = Gauge(
+    "neuralcache_fabric_pacing_rate_bytes_per_second",
+    "Rate at which the spoke releases prefetch requests (the controller's pacing rate).")
+FABRIC_CWND = Gauge(
+    "neuralcache_fabric_cwnd_bytes", "Reply bytes the controller allows in flight.")
+FABRIC_INFLIGHT = Gauge(
+    "neuralcache_fabric_inflight_bytes", "Reply bytes requested and not yet received.")
+FABRIC_HEADROOM = Gauge(
+    "neuralcache_fabric_prefetch_headroom_ratio",
+    "Fraction of the pacing rate prefetch leaves unused to keep the bottleneck queue empty.")
+FABRIC_QUEUED = Gauge(
+    "neuralcache_fabric_prefetch_queued_bytes", "Prefetch bytes waiting to be requested.")
+FABRIC_STATE = Gauge(
+    "neuralcache_fabric_state",
+    "1 for the congestion controller's current state, 0 for states it has left.",
+    ["controller", "state"])
+FABRIC_LOST_REQUESTS = Counter(
+    "neuralcache_fabric_lost_requests_total",
+    "Requests given up on by the transport (connection lost or no answer in time).")
+FABRIC_LOSS_RATIO = Gauge(
+    "neuralcache_fabric_loss_ratio",
+    "Fraction of requested reply bytes lost so far (lost / (delivered + lost)).")
+FABRIC_REQUESTS = Counter(
+    "neuralcache_fabric_requests_total",
+    "Read requests sent to the hub, by priority (a hedged demand read counts each copy).",
+    ["priority"])
+FABRIC_CONNECTIONS = Gauge(
+    "neuralcache_fabric_connections", "Live connections to the hub, by role.", ["role"])

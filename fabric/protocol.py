@@ -15,8 +15,15 @@ from typing import Any, ClassVar, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 1
-"""Bumped on any incompatible change; the hub refuses a hello with another version."""
+PROTOCOL_VERSION = 2
+"""Bumped on any incompatible change; the hub refuses a hello outside
+``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``."""
+
+OLDEST_PROTOCOL_VERSION = 1
+"""Oldest spoke protocol a hub still serves: version 1 sends 5-field ReadRequests (all demand)."""
+
+PRIORITY_VERSION = 2
+"""First protocol version whose ReadRequest carries a priority."""
 
 MAX_FRAME = 16 * 1024 * 1024
 """Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a bug."""
@@ -98,7 +105,7 @@ class MetaEntry:
         _expect(isinstance(raw, list) and len(raw) == 8, "metadata entry must be an 8-item array")
         path, kind, mode, size, mtime_ns, file_id, version, target = raw
         _expect(isinstance(path, str) and isinstance(target, str), "entry path/target not text")
-        _expect(kind in cls.KINDS, f"unknown entry kind {kind!r}")
+        _expect(isinstance(kind, str) and kind in cls.KINDS, f"unknown entry kind {kind!r}")
         for v in (mode, size, mtime_ns, file_id, version):
             _expect(isinstance(v, int) and not isinstance(v, bool), "entry field not an integer")
         _expect(size >= 0 and file_id >= 0 and version >= 0, "negative entry field")
@@ -115,6 +122,15 @@ class MetaReply:
     done: bool
 
 
+class Priority:
+    """How urgently a spoke needs a read (``ReadRequest.priority``, protocol version >= 2)."""
+
+    DEMAND = 0  # a reader is blocked on it: served before any queued prefetch
+    PREFETCH = 1  # a guess about the future: served with what demand leaves
+
+    ALL = frozenset({DEMAND, PREFETCH})
+
+
 @dataclass(frozen=True)
 class ReadRequest:
     """Ask for ``count`` blocks of one version of one file, starting at block ``first``."""
@@ -125,6 +141,7 @@ class ReadRequest:
     version: int
     first: int
     count: int
+    priority: int = Priority.DEMAND
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,10 @@ def _expect(cond: bool, why: str) -> None:
 
 def _is_uint(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _is_priority(v: Any) -> bool:
+    return _is_uint(v) and v in Priority.ALL
 
 
 def _fields(msg: Message) -> list[Any]:
@@ -196,27 +217,33 @@ _SIMPLE: dict[int, tuple[type, tuple[Any, ...]]] = {
     Hello.KIND: (Hello, (_is_uint, lambda v: isinstance(v, str))),
     Welcome.KIND: (Welcome, (_is_uint, lambda v: isinstance(v, str))),
     MetaRequest.KIND: (MetaRequest, (_is_uint,)),
-    ReadRequest.KIND: (ReadRequest, (_is_uint,) * 5),
-    ErrorReply.KIND: (ErrorReply, (_is_uint, lambda v: v in ErrorCode.ALL,
+    ReadRequest.KIND: (ReadRequest, (*(_is_uint,) * 5, _is_priority)),
+    ErrorReply.KIND: (ErrorReply, (_is_uint, lambda v: isinstance(v, str) and v in ErrorCode.ALL,
                                    lambda v: isinstance(v, str))),
 }
 
 
-def decode_payload(payload: bytes) -> Message:
-    """Parse one frame's payload; raises ProtocolError (only) on anything malformed."""
+def decode_payload(payload: bytes, version: int = PROTOCOL_VERSION) -> Message:
+    """Parse one frame's payload; raises ProtocolError (only) on anything malformed.
+
+    ``version`` is the protocol the peer said it speaks: a version-1 spoke's ReadRequest has
+    five fields and is read as demand."""
     try:
         raw = msgpack.unpackb(payload, use_list=True, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"undecodable payload: {exc.__class__.__name__}") from None
     _expect(isinstance(raw, list) and len(raw) >= 1, "payload is not a non-empty array")
     kind, fields = raw[0], raw[1:]
+    _expect(_is_uint(kind), f"message kind {kind!r} is not an unsigned integer")
     if kind == MetaReply.KIND:
         return _decode_meta_reply(fields)
     if kind == ReadReply.KIND:
         return _decode_read_reply(fields)
-    spec = _SIMPLE.get(kind) if isinstance(kind, int) and not isinstance(kind, bool) else None
+    spec = _SIMPLE.get(kind)
     _expect(spec is not None, f"unknown message kind {kind!r}")
     cls, checks = spec  # type: ignore[misc]
+    if kind == ReadRequest.KIND and version < PRIORITY_VERSION:
+        checks = checks[:5]  # no priority field: the request is demand
     _expect(len(fields) == len(checks), f"{cls.__name__} needs {len(checks)} fields")
     _expect(all(check(v) for check, v in zip(checks, fields)), f"malformed {cls.__name__}")
     return cls(*fields)

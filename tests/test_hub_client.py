@@ -356,10 +356,6 @@ async def test_a_short_deadline_read_does_not_drop_the_shared_connection(export_
     assert metric("neuralcache_hub_fetch_retries_total") == retries
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fabric/client.py HubClient._dial: trio.TooSlowError from its hello fail_after is not among "
-    "the errors _dial_until_up retries, so a hub that accepts but does not answer during a "
-    "reconnect makes HubClient.run raise instead of redialling"))
 @trio_test
 async def test_a_silent_hub_during_reconnect_is_retried(export_dir: Path) -> None:
     async def hold_forever(stream: trio.SocketStream) -> None:
@@ -392,10 +388,6 @@ class FaultyExport(Export):
         return super().read_blocks(file_id, version, first, count)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fabric/hub.py: an exception other than ExportError/ProtocolError/Broken/Closed in one "
-    "request task (here an injected RuntimeError from the export) escapes handle_connection and "
-    "trio.serve_listeners, so the whole hub stops serving every spoke"))
 @trio_test
 async def test_an_unexpected_error_in_one_request_does_not_stop_the_hub(export_dir: Path) -> None:
     big = entry(export_dir, BIG)

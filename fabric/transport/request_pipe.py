@@ -1,0 +1,205 @@
+"""The spoke's request pipe, sans-IO: which read request goes out next, and when.
+
+The congestion controller (``fabric.congestion``) sees each read request as one "packet",
+counted by the bytes of its response, sent when the request leaves and acked when the whole
+response is in. Two classes share the one controller:
+
+* **demand** - a reader is blocked on it. It leaves at once: never queued, never held back by
+  cwnd or the pacer. It is charged to the pacer, so the prefetch requests after it wait by
+  exactly its bytes and the total stays at the controller's rate. It is not one of the
+  controller's packets: a 4 KiB request's round trip has no serialization in it, so it would
+  drag min_rtt (and with it the BDP estimate and cwnd) below what the prefetch chunks need,
+  and its delivery rate says nothing about the path. Demand volume is bounded by the readers
+  themselves (each waits for its data), so it cannot flood the path the way a queue could.
+* **prefetch** - queued FIFO and cut into chunks only as they leave (so each chunk is sized
+  for the path as measured at that moment); a chunk leaves only while bytes in flight are
+  below cwnd and when the pacer allows. The pacer runs a little below the controller's
+  pacing rate (``headroom``): BBR's bandwidth estimate is a max filter over delivery-rate
+  samples, and ours are timed by a Python event loop a millisecond or so late at random, so
+  the maximum sits above what the path carries by about that jitter over the round trip
+  (+2-6 % at 60 ms, measured). Paced at 100 % of it, prefetch would build a queue at the
+  bottleneck that BBR's 0.75 phase cannot drain, bounded only by cwnd (~1 BDP), and every
+  demand reply would wait behind it.
+
+The caller asks ``poll(now)`` and gets a chunk to send now, the time to ask again (pacer), or
+None (window full or nothing queued: ask again after an ack or a submit). Nothing here reads
+a clock or touches a socket. Times handed to the controller are counted from the first
+``now`` the pipe sees: the controllers start their timers at 0 (BBR's min_rtt stamp), so a
+clock that does not start near 0 (trio's has a random offset) would look like an expired
+min_rtt window at the first ack and throw BBR into PROBE_RTT.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+from neuralcache.blocks import BLOCK_SIZE
+
+from ..congestion import CongestionController, CongestionStats, Pacer
+from ..protocol import MAX_READ_BLOCKS
+
+MIN_REQUEST_BYTES = 64 * 1024
+"""Smallest prefetch chunk: the controller's segment (``DEFAULT_MSS``), 16 blocks."""
+
+MAX_REQUEST_BYTES = MAX_READ_BLOCKS * BLOCK_SIZE
+"""Largest chunk: what one ReadRequest may carry (4 MiB)."""
+
+MAX_REQUEST_RATE = 250.0
+"""Prefetch requests per second the spoke aims not to exceed: each costs ~100 us of Python on
+each side, so at high rates (loopback, >= 1 GB/s) chunks grow to keep the count down."""
+
+ACK_TIMING_NOISE = 0.003
+"""Seconds by which the spoke may time an arrival late (event-loop latency, the 2 ms arrival
+poll): the headroom is this over min_rtt, so the bandwidth estimate's upward error, which
+is about that ratio, is paced away."""
+
+MIN_HEADROOM = 0.01
+"""Headroom on long paths, where the timing noise is negligible: leaves BBR's 0.75 phase
+something to drain."""
+
+MAX_HEADROOM = 0.10
+"""Headroom cap for sub-millisecond paths (loopback), where CPU, not the pacer, is the limit."""
+
+
+def headroom(min_rtt: float) -> float:
+    """Fraction of the controller's pacing rate prefetch leaves unused on a path of min_rtt."""
+    if not math.isfinite(min_rtt) or min_rtt <= 0:
+        return MIN_HEADROOM
+    return min(MAX_HEADROOM, max(MIN_HEADROOM, ACK_TIMING_NOISE / min_rtt))
+
+def chunk_bytes(pacing_rate: float) -> int:
+    """Size of the next prefetch chunk, in whole blocks: as small as the per-request cost
+    allows. Small, because a chunk counts as delivered only once all its bytes have arrived,
+    and at 1 % segment loss a 350 KB chunk (241 segments) almost always waits a round trip
+    for a retransmission while a 64 KiB one does so a third of the time: the window must
+    cover that wait, and the controller's RTT samples include it."""
+    size = min(max(pacing_rate / MAX_REQUEST_RATE, MIN_REQUEST_BYTES), MAX_REQUEST_BYTES)
+    return int(size) // BLOCK_SIZE * BLOCK_SIZE
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One prefetch request ready to go: ``count`` blocks from ``first`` for ``job``."""
+
+    packet_id: int
+    job: Hashable
+    first: int
+    count: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * BLOCK_SIZE
+
+
+class RequestPipe:
+    """Admission of read requests under one congestion controller and pacer."""
+
+    def __init__(self, controller: CongestionController, *, pacer: Pacer | None = None) -> None:
+        self.controller = controller
+        self.pacer = pacer if pacer is not None else Pacer(self.rate)
+        self._origin: float | None = None
+        self._queue: deque[list] = deque()  # [job, next block, end block], FIFO
+        self._queued_blocks = 0
+        self._jobs: dict[Hashable, int] = {}  # job -> entries of it in the queue
+        self._ids = itertools.count(1)
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second the pacer releases requests at: the controller's rate less the
+        headroom."""
+        return self.controller.pacing_rate * (1.0 - self.headroom)
+
+    @property
+    def headroom(self) -> float:
+        """Fraction of the controller's pacing rate left unused (see ``headroom()``)."""
+        return headroom(self.controller.stats().min_rtt)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Prefetch bytes waiting to be requested."""
+        return self._queued_blocks * BLOCK_SIZE
+
+    def stats(self) -> CongestionStats:
+        return self.controller.stats()
+
+    # -- prefetch queue --------------------------------------------------------------------
+
+    def submit(self, job: Hashable, first: int, count: int) -> None:
+        """Queue blocks ``first .. first + count - 1`` for ``job`` behind earlier prefetch."""
+        if count > 0:
+            self._queue.append([job, first, first + count])
+            self._queued_blocks += count
+            self._jobs[job] = self._jobs.get(job, 0) + 1
+
+    def requeue(self, job: Hashable, first: int, count: int) -> None:
+        """Put a lost or corrupted chunk back at the head: it was asked for first."""
+        if count > 0:
+            self._queue.appendleft([job, first, first + count])
+            self._queued_blocks += count
+            self._jobs[job] = self._jobs.get(job, 0) + 1
+
+    def cancel(self, job: Hashable) -> None:
+        """Drop whatever of ``job`` is still queued (its reader gave up)."""
+        if self._jobs.pop(job, None) is None:
+            return
+        kept = deque(e for e in self._queue if e[0] is not job)
+        self._queued_blocks = sum(e[2] - e[1] for e in kept)
+        self._queue = kept
+
+    def _since(self, now: float) -> float:
+        """``now`` on the controller's clock, which starts at the first time the pipe is used."""
+        if self._origin is None:
+            self._origin = now
+        return now - self._origin
+
+    def poll(self, now: float) -> Chunk | float | None:
+        """The chunk to send now (already counted as sent), the time to poll again, or None."""
+        t = self._since(now)
+        if not self._queue:
+            if self.controller.can_send(MIN_REQUEST_BYTES):
+                self.controller.on_app_limited(t)  # room in the window, nothing to ask
+            return None
+        if not self.controller.can_send(MIN_REQUEST_BYTES):
+            return None
+        blocks = chunk_bytes(self.controller.pacing_rate) // BLOCK_SIZE
+        entry = self._queue[0]
+        job, first, end = entry
+        count = min(blocks, end - first)
+        self.pacer.update_rate(self.rate, t)
+        when = self.pacer.next_send_time(t, count * BLOCK_SIZE)
+        if when > t:
+            return now + (when - t)
+        entry[1] = first + count
+        if entry[1] >= end:
+            self._queue.popleft()
+            self._forget(job)
+        self._queued_blocks -= count
+        chunk = Chunk(next(self._ids), job, first, count)
+        self.controller.on_packet_sent(t, chunk.packet_id, chunk.nbytes)
+        self.pacer.on_sent(t, chunk.nbytes)
+        return chunk
+
+    def _forget(self, job: Hashable) -> None:
+        left = self._jobs[job] - 1
+        if left:
+            self._jobs[job] = left
+        else:
+            del self._jobs[job]
+
+    # -- demand and completions ------------------------------------------------------------
+
+    def send_demand(self, now: float, nbytes: int) -> None:
+        """Charge a demand request of ``nbytes``, sent now, to the pacer."""
+        t = self._since(now)
+        self.pacer.update_rate(self.rate, t)
+        self.pacer.on_sent(t, nbytes)
+
+    def on_acked(self, now: float, packet_id: int) -> None:
+        self.controller.on_packet_acked(self._since(now), packet_id)
+
+    def on_lost(self, now: float, packet_id: int) -> None:
+        self.controller.on_packet_lost(self._since(now), packet_id)

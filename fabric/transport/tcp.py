@@ -1,0 +1,75 @@
+"""TCP socket options for the fabric's connections.
+
+The kernel moves the bytes; what it needs from us is a congestion control that does not read
+random loss as congestion (``bbr`` where the kernel offers it: cubic collapses to ~1 % of a
+lossy long path, see docs/wan-emulator.md) and small requests sent without Nagle's delay.
+Buffers are left to autotuning: setting SO_RCVBUF/SO_SNDBUF switches autotuning off and caps
+the buffer at ``net.core.rmem_max``/``wmem_max``, whereas autotuning grows it to the
+``tcp_rmem``/``tcp_wmem`` maximum, which is what a long path needs (docs/transport.md lists
+the sysctls).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+from pathlib import Path
+
+from .arrivals import TcpCounters
+
+log = logging.getLogger(__name__)
+
+AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+"""Congestion controls the running kernel has loaded, space-separated."""
+
+_warned: set[str] = set()
+
+# struct tcp_info (include/uapi/linux/tcp.h): offsets of the fields arrivals.py reads.
+_TCP_INFO_BYTES = 156  # up to and including tcpi_data_segs_in (Linux >= 4.6)
+_RCV_MSS = struct.Struct("=I")  # at 20
+_BYTES_RECEIVED = struct.Struct("=Q")  # at 128
+_DATA_SEGS_IN = struct.Struct("=I")  # at 152
+
+
+def available_congestion_controls() -> frozenset[str]:
+    """Names the kernel accepts for TCP_CONGESTION (empty if it cannot be read)."""
+    try:
+        return frozenset(AVAILABLE_CC.read_text().split())
+    except OSError:
+        return frozenset()
+
+
+def configure(sock: socket.socket | object, congestion: str | None) -> str | None:
+    """Turn Nagle off and set ``congestion`` if the kernel has it; returns the control in use.
+
+    ``sock`` is a socket or a trio socket/stream (anything with ``setsockopt``/``getsockopt``).
+    """
+    setsockopt = getattr(sock, "setsockopt")
+    getsockopt = getattr(sock, "getsockopt")
+    setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if congestion and hasattr(socket, "TCP_CONGESTION"):
+        try:
+            setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, congestion.encode())
+        except OSError as exc:
+            if congestion not in _warned:  # once per process: every connection would repeat it
+                _warned.add(congestion)
+                log.warning("TCP congestion control %r unavailable (%s); using the kernel "
+                            "default. Load it with: modprobe tcp_%s", congestion, exc, congestion)
+    if not hasattr(socket, "TCP_CONGESTION"):
+        return None
+    name = getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16)
+    return name.rstrip(b"\0").decode()
+
+
+def counters(sock: socket.socket | object) -> TcpCounters | None:
+    """The receive-side TCP_INFO counters of ``sock``; None where the kernel lacks them."""
+    try:
+        info = getattr(sock, "getsockopt")(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+    except (OSError, AttributeError):
+        return None
+    if len(info) < _TCP_INFO_BYTES:
+        return None
+    return TcpCounters(bytes_received=_BYTES_RECEIVED.unpack_from(info, 128)[0],
+                       data_segs_in=_DATA_SEGS_IN.unpack_from(info, 152)[0],
+                       rcv_mss=_RCV_MSS.unpack_from(info, 20)[0])

@@ -1,0 +1,560 @@
+"""The data path: sans-IO pieces (fair queue, request pipe, arrival tracker, framing) on their
+own, then hub and client over real loopback sockets, and one run over an emulated WAN link.
+
+Timing goals live in bench/transport.py; the few time-dependent checks here are orderings or
+ratios with wide margins.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import msgpack
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fabric import checksum
+from fabric.client import (DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS, HEDGE_MAX_BLOCKS,
+                           HubClient)
+from fabric.congestion import create_controller
+from fabric.export import Export
+from fabric.protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, Priority,
+                             ProtocolError, ReadReply, ReadRequest, Welcome, decode_payload,
+                             encode)
+from fabric.transport import blocksums
+from fabric.transport.arrivals import ArrivalTracker, TcpCounters
+from fabric.transport.fair_queue import FairQueue
+from fabric.transport.framing import FrameReader, read_reply_frame, read_reply_size, send_frame
+from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_HEADROOM,
+                                           MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
+                                           headroom)
+from neuralcache.blocks import BLOCK_SIZE
+from tests.fabric_helpers import LOCALHOST, metric, start_hub
+
+TEST_LIMIT = 20
+"""Seconds any one socket test may take before it is failed rather than left hanging."""
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        async def main() -> None:
+            with trio.fail_after(TEST_LIMIT):
+                await fn(*args, **kwargs)
+        trio.run(main)
+    return wrapper
+
+
+# -- protocol: the priority extension ---------------------------------------------------------
+
+def test_priority_round_trips_and_a_version_1_request_is_demand() -> None:
+    req = ReadRequest(7, 1, 2, 3, 4, Priority.PREFETCH)
+    assert decode_payload(encode(req)[4:]) == req
+    assert ReadRequest(7, 1, 2, 3, 4).priority == Priority.DEMAND
+    v1 = msgpack.packb([ReadRequest.KIND, 7, 1, 2, 3, 4])  # what a version-1 spoke sends
+    assert decode_payload(v1, version=1) == ReadRequest(7, 1, 2, 3, 4, Priority.DEMAND)
+    with pytest.raises(ProtocolError):
+        decode_payload(v1)  # five fields are not a version-2 request
+    with pytest.raises(ProtocolError):
+        decode_payload(msgpack.packb([ReadRequest.KIND, 7, 1, 2, 3, 4, 2]))  # no such priority
+
+
+# -- fair queue ---------------------------------------------------------------------------------
+
+def test_demand_is_served_before_any_queued_prefetch() -> None:
+    q: FairQueue[str] = FairQueue()
+    for i in range(5):
+        q.push("a", Priority.PREFETCH, 1 << 20, f"a-prefetch-{i}")
+    q.push("b", Priority.DEMAND, 4096, "b-demand")
+    q.push("a", Priority.DEMAND, 4096, "a-demand")
+    assert [q.pop(), q.pop()] == ["b-demand", "a-demand"]
+    assert q.pop() == "a-prefetch-0"
+    assert len(q) == 4
+
+
+@settings(max_examples=50, deadline=None)
+@given(costs_a=st.lists(st.integers(1, 4 << 20), min_size=60, max_size=60),
+       costs_b=st.lists(st.integers(1, 4 << 20), min_size=60, max_size=60))
+def test_two_flooding_spokes_get_equal_bytes_within_one_request(
+        costs_a: list[int], costs_b: list[int]) -> None:
+    q: FairQueue[tuple[str, int]] = FairQueue()
+    for ca, cb in zip(costs_a, costs_b):
+        q.push("a", Priority.PREFETCH, ca, ("a", ca))
+        q.push("b", Priority.PREFETCH, cb, ("b", cb))
+    served = {"a": 0, "b": 0}
+    while min(served.values()) < 40 << 20 and len(q) > 0:  # while both still have work
+        spoke, cost = q.pop()  # type: ignore[misc]
+        served[spoke] += cost
+        if served["a"] >= sum(costs_a) or served["b"] >= sum(costs_b):
+            break
+        # DRR: neither is ever ahead by more than one quantum plus one request.
+        assert abs(served["a"] - served["b"]) <= (256 << 10) + (4 << 20)
+
+
+def test_a_withdrawn_request_is_not_served_and_an_idle_spoke_keeps_no_credit() -> None:
+    q: FairQueue[str] = FairQueue(quantum=100)
+    q.push("a", Priority.PREFETCH, 50, "x")
+    q.push("a", Priority.PREFETCH, 50, "y")
+    assert q.remove("a", Priority.PREFETCH, "x")
+    assert not q.remove("a", Priority.PREFETCH, "x")
+    assert q.pop() == "y" and q.pop() is None
+    q.push("b", Priority.PREFETCH, 200, "b1")
+    q.push("c", Priority.PREFETCH, 100, "c1")
+    assert [q.pop(), q.pop()] == ["c1", "b1"]  # c affords its request first, b after 2 rounds
+
+
+# -- request pipe -------------------------------------------------------------------------------
+
+def test_chunks_grow_with_the_rate_between_the_bounds() -> None:
+    assert chunk_bytes(1e6) == MIN_REQUEST_BYTES
+    assert chunk_bytes(1e12) == MAX_REQUEST_BYTES
+    middle = chunk_bytes(100e6)
+    assert MIN_REQUEST_BYTES < middle < MAX_REQUEST_BYTES and middle % BLOCK_SIZE == 0
+
+
+def test_headroom_is_the_timing_noise_over_the_round_trip() -> None:
+    assert headroom(math.inf) == MIN_HEADROOM
+    assert headroom(0.9) == MIN_HEADROOM
+    assert MIN_HEADROOM < headroom(0.06) < MAX_HEADROOM
+    assert headroom(0.0001) == MAX_HEADROOM
+
+
+def test_prefetch_is_cut_into_chunks_and_waits_for_the_window() -> None:
+    pipe = RequestPipe(create_controller("bbr"))
+    pipe.submit("job", 0, 10_000)
+    now, sent = 1000.0, []
+    while True:
+        out = pipe.poll(now)
+        if out is None:
+            break
+        if isinstance(out, float):
+            assert out > now
+            now = out
+            continue
+        sent.append(out)
+    assert sent and all(isinstance(c, Chunk) and c.job == "job" for c in sent)
+    assert [c.first for c in sent] == list(itertools_accumulate([0] + [c.count for c in sent]))[:-1]
+    assert pipe.stats().bytes_in_flight >= pipe.stats().cwnd  # stopped by the window...
+    assert pipe.queued_bytes == (10_000 - sum(c.count for c in sent)) * BLOCK_SIZE
+    pipe.on_acked(now + 0.05, sent[0].packet_id)  # ...and an ack opens it again
+    assert isinstance(pipe.poll(now + 0.05), (Chunk, float))
+
+
+def itertools_accumulate(values: list[int]) -> list[int]:
+    out, total = [], 0
+    for v in values:
+        total += v
+        out.append(total)
+    return out
+
+
+def test_demand_is_charged_to_the_pacer_but_not_to_the_window() -> None:
+    pipe = RequestPipe(create_controller("bbr"))
+    pipe.submit("job", 0, 64)
+    first = pipe.poll(5000.0)
+    assert isinstance(first, Chunk)
+    in_flight = pipe.stats().bytes_in_flight
+    pipe.send_demand(5000.0, 4 << 20)  # a large demand read, sent at once
+    assert pipe.stats().bytes_in_flight == in_flight
+    later = pipe.poll(5000.0)
+    assert isinstance(later, float) and later > 5000.0  # the next prefetch waits its turn
+
+
+def test_a_clock_that_does_not_start_at_zero_does_not_trigger_probe_rtt() -> None:
+    pipe = RequestPipe(create_controller("bbr"))
+    pipe.submit("job", 0, 16)
+    now = 123_456.0  # trio's clock has a random offset like this
+    chunk = pipe.poll(now)
+    assert isinstance(chunk, Chunk)
+    pipe.on_acked(now + 0.06, chunk.packet_id)
+    assert pipe.stats().state == "startup"
+
+
+def test_cancel_and_requeue() -> None:
+    pipe = RequestPipe(create_controller("cubic"))
+    pipe.submit("a", 0, 32)
+    pipe.submit("b", 100, 32)
+    pipe.cancel("a")
+    assert pipe.queued_bytes == 32 * BLOCK_SIZE
+    pipe.requeue("a", 5, 3)  # a lost chunk goes first
+    chunk = pipe.poll(10.0)
+    assert isinstance(chunk, Chunk) and (chunk.job, chunk.first, chunk.count) == ("a", 5, 3)
+
+
+# -- arrival tracker ----------------------------------------------------------------------------
+
+MSS = 1448
+
+
+def _simulate(sizes: list[int], lost: set[int], delay: int,
+              tracker: ArrivalTracker) -> tuple[dict[int, int], dict[int, int]]:
+    """Segments arrive one per step, reply after reply, each reply ending in a partial
+    segment; segment i in ``lost`` arrives ``delay`` steps late. The application reads in
+    order. Returns, per reply, the step its last byte truly arrived and the step it was acked:
+    reported by the tracker (which looks after every step) or completed by the application,
+    whichever came first; checks on the way that the bytes acked never exceed the bytes that
+    arrived."""
+    segs: list[tuple[int, int]] = []  # (reply, length)
+    for k, size in enumerate(sizes):
+        segs += [(k, MSS)] * (size // MSS) + ([(k, size % MSS)] if size % MSS else [])
+        tracker.expect(k, size)
+    events: dict[int, list[int]] = {}
+    for i in range(len(segs)):
+        events.setdefault(i + (delay if i in lost else 0), []).append(i)
+    missing = [0] * len(sizes)
+    for k, _ in segs:
+        missing[k] += 1
+    ends = list(itertools_accumulate(sizes))
+    have = [False] * len(segs)
+    truth: dict[int, int] = {}
+    reported: dict[int, int] = {}
+    in_order = received = arrived_segs = arrived_bytes = consumed = 0
+    for step in sorted(events):
+        for i in events[step]:
+            have[i] = True
+            arrived_segs += 1
+            arrived_bytes += segs[i][1]
+            k = segs[i][0]
+            missing[k] -= 1
+            if not missing[k]:
+                truth[k] = step
+        while in_order < len(segs) and have[in_order]:
+            received += segs[in_order][1]
+            in_order += 1
+        while consumed < len(sizes) and ends[consumed] <= received:
+            tracker.completed(consumed, ends[consumed])
+            reported.setdefault(consumed, step)
+            consumed += 1
+        for k in tracker.observe(TcpCounters(received, arrived_segs, MSS)):
+            reported.setdefault(k, step)
+        assert sum(sizes[k] for k in reported) <= arrived_bytes
+    return truth, reported
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(64 << 10, 400 << 10), min_size=3, max_size=12),
+       loss=st.floats(0, 0.05), delay=st.integers(5, 200), seed=st.integers(0, 1000))
+def test_bytes_are_never_counted_before_they_arrive(
+        sizes: list[int], loss: float, delay: int, seed: int) -> None:
+    rng = random.Random(seed)
+    total_segs = sum(-(-s // MSS) for s in sizes)
+    lost = {i for i in range(total_segs) if rng.random() < loss}
+    truth, reported = _simulate(sizes, lost, delay, ArrivalTracker())
+    assert set(truth) == set(range(len(sizes)))
+
+
+def test_replies_behind_a_hole_are_reported_as_they_arrive_not_when_it_fills() -> None:
+    sizes = [64 << 10] * 10  # 460 segments, one per step
+    delay = 2000  # the first segment's retransmission lands long after all the others
+    truth, reported = _simulate(sizes, {0}, delay, ArrivalTracker())
+    # In order, the application sees every reply only at step 2000. The tracker counts them
+    # within a few steps of their arrival, but for the last one, which the fill's 1-2 %
+    # under-count keeps until the hole is repaired.
+    early = sorted(k for k, step in reported.items() if step < delay)
+    assert early == list(range(9))
+    assert all(reported[k] - truth[k] <= 10 for k in range(1, 9))
+
+
+def test_without_loss_replies_are_reported_as_they_arrive() -> None:
+    sizes = [100 << 10] * 5
+    truth, reported = _simulate(sizes, set(), 0, ArrivalTracker())
+    assert reported == truth
+
+
+# -- framing and checksums ------------------------------------------------------------------
+
+@given(data=st.binary(max_size=3 * BLOCK_SIZE + 7))
+def test_fast_checksums_equal_the_protocol_checksums(data: bytes) -> None:
+    assert blocksums.range_checksums(data) == checksum.range_checksums(data)
+    assert blocksums.intact(data, checksum.range_checksums(data))
+
+
+@pytest.mark.parametrize("count", [1, 16, 255, 1024])
+def test_scatter_gather_reply_frames_equal_encode(count: int) -> None:
+    data = random.Random(count).randbytes(count * BLOCK_SIZE)
+    sums = checksum.range_checksums(data)
+    for req_id, first in [(1, 0), (300, 2**40), (2**63, 5)]:
+        wire = encode(ReadReply(req_id, first, data, sums))
+        assert b"".join(read_reply_frame(req_id, first, data, sums)) == wire
+        assert read_reply_size(req_id, first, count) == len(wire)
+
+
+@trio_test
+async def test_frame_reader_reads_any_chunking_of_small_and_large_frames() -> None:
+    rng = random.Random(1)
+    msgs = [ReadReply(i, i, rng.randbytes(size), b"") for i, size in
+            enumerate([0, 10, 200_000, 3 << 20, 5, 1 << 20])]
+    wire = b"".join(encode(m) for m in msgs)
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    reader = FrameReader(receive)
+
+    async def feed() -> None:
+        pos = 0
+        while pos < len(wire):
+            n = rng.randint(1, 300_000)
+            await send.send_all(wire[pos:pos + n])
+            pos += n
+        await send.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(feed)
+        got = [await reader.receive() for _ in msgs]
+        assert await reader.receive() is None
+    assert got == msgs
+    assert reader.consumed == len(wire)
+
+
+@trio_test
+async def test_frame_reader_refuses_a_truncated_frame() -> None:
+    send, receive = trio.testing.memory_stream_one_way_pair()
+    await send.send_all(encode(Hello(2, "x"))[:-1])
+    await send.aclose()
+    with pytest.raises(ProtocolError):
+        await FrameReader(receive).receive()
+
+
+@trio_test
+async def test_send_frame_over_a_socket_with_sendmsg() -> None:
+    a, b = trio.socket.socketpair()
+    data = random.Random(2).randbytes(2 << 20)
+    frame = read_reply_frame(9, 3, data, checksum.range_checksums(data))
+    reader = FrameReader(trio.SocketStream(b))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_frame, trio.SocketStream(a), frame)
+        msg = await reader.receive()
+    assert isinstance(msg, ReadReply) and msg.data == data and msg.req_id == 9
+
+
+# -- hub and client over loopback -------------------------------------------------------------
+
+class SlowExport(Export):
+    """Every read takes ``delay`` seconds (a slow disk), so the hub's read slots are the
+    bottleneck and its queueing order is what a test observes."""
+
+    delay = 0.02
+
+    def read_blocks(self, file_id: int, version: int, first: int, count: int) -> bytes:
+        time.sleep(self.delay)
+        return super().read_blocks(file_id, version, first, count)
+
+
+@pytest.fixture
+def export_dir(tmp_path: Path) -> Path:
+    root = tmp_path / "export"
+    root.mkdir()
+    (root / "big.bin").write_bytes(random.Random(3).randbytes(3000 * BLOCK_SIZE))
+    return root
+
+
+def big(root: Path) -> Any:
+    return next(e for e in Export(str(root)).scan() if e.path == "big.bin")
+
+
+def blocks_of(root: Path, first: int, count: int) -> bytes:
+    return (root / "big.bin").read_bytes()[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
+
+
+async def started_client(nursery: trio.Nursery, port: int, **kwargs: Any) -> HubClient:
+    kwargs.setdefault("connect_timeout", 2.0)
+    kwargs.setdefault("stagger", 0.0)
+    client = HubClient(LOCALHOST, port, **kwargs)
+    await nursery.start(client.run)
+    with trio.fail_after(5):  # the pool dials in parallel; wait until all of it is up
+        while len(client._conns) < kwargs.get("connections", DEFAULT_CONNECTIONS) + \
+                kwargs.get("demand_connections", DEFAULT_DEMAND_CONNECTIONS):
+            await trio.sleep(0.01)
+    return client
+
+
+@trio_test
+async def test_prefetch_reads_of_any_size_are_split_and_reassembled(export_dir: Path) -> None:
+    e = big(export_dir)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        client = await started_client(nursery, hub.port)
+        for first, count in [(0, 1), (7, 300), (100, 2900)]:  # 2900 > MAX_READ_BLOCKS
+            data = await client.read(e.file_id, e.version, first, count,
+                                     deadline=trio.current_time() + 10, priority="prefetch")
+            assert data == blocks_of(export_dir, first, count)
+        with pytest.raises(ValueError):
+            await client.read(e.file_id, e.version, 0, 1, deadline=trio.current_time() + 1,
+                              priority="urgent")
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_demand_read_overtakes_a_pipe_full_of_prefetch(export_dir: Path) -> None:
+    e = big(export_dir)
+    done: list[str] = []
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, SlowExport(str(export_dir)), read_slots=1)
+        client = await started_client(nursery, hub.port)
+
+        async def prefetch(i: int) -> None:
+            await client.read(e.file_id, e.version, i * 64, 64,
+                              deadline=trio.current_time() + 15, priority="prefetch")
+            done.append(f"prefetch-{i}")
+
+        async with trio.open_nursery() as readers:
+            for i in range(40):
+                readers.start_soon(prefetch, i)
+            await trio.sleep(0.3)  # the hub's queue is now deep in prefetch
+            started = trio.current_time()
+            data = await client.read(e.file_id, e.version, 2999, 1,
+                                     deadline=trio.current_time() + 5)
+            demand_latency = trio.current_time() - started
+            done.append("demand")
+            assert data == blocks_of(export_dir, 2999, 1)
+        nursery.cancel_scope.cancel()
+    # Served ahead of the queue: a few prefetch reads' time (each costs >= 20 ms at the hub),
+    # not the whole queue's.
+    assert done.index("demand") < 20
+    assert demand_latency < 15 * SlowExport.delay
+
+
+@trio_test
+async def test_one_spoke_cannot_starve_another(export_dir: Path) -> None:
+    e = big(export_dir)
+    finished: dict[str, list[float]] = {"greedy": [], "modest": []}
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, SlowExport(str(export_dir)), read_slots=1)
+        greedy = await started_client(nursery, hub.port, name="greedy", connections=4)
+        modest = await started_client(nursery, hub.port, name="modest", connections=1)
+
+        async def reads(client: HubClient, name: str, n: int) -> None:
+            async def one(i: int) -> None:
+                await client.read(e.file_id, e.version, i * 16, 16, priority="prefetch",
+                                  deadline=trio.current_time() + 15)
+                finished[name].append(trio.current_time())
+            async with trio.open_nursery() as inner:
+                for i in range(n):
+                    inner.start_soon(one, i)
+
+        async with trio.open_nursery() as load:
+            load.start_soon(reads, greedy, "greedy", 60)
+            await trio.sleep(0.2)  # greedy has filled the hub's queue
+            load.start_soon(reads, modest, "modest", 6)
+        nursery.cancel_scope.cancel()
+    # Round robin between spokes: modest's six reads finish while greedy still has most of
+    # its sixty to go (FIFO would put all of greedy's queued reads first).
+    modest_done = max(finished["modest"])
+    assert sum(t < modest_done for t in finished["greedy"]) < 40
+
+
+@trio_test
+async def test_the_pool_its_hedged_demand_and_its_model_in_the_metrics(export_dir: Path) -> None:
+    e = big(export_dir)
+    demand_requests = metric("neuralcache_fabric_requests_total", {"priority": "demand"})
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        spokes = metric("neuralcache_hub_connected_spokes")
+        client = await started_client(nursery, hub.port, connections=3, demand_connections=2)
+        assert metric("neuralcache_fabric_connections", {"role": "bulk"}) == 3
+        assert metric("neuralcache_fabric_connections", {"role": "demand"}) == 2
+        assert metric("neuralcache_hub_connected_spokes") == spokes + 1  # one spoke, 5 sockets
+        await client.read(e.file_id, e.version, 5, 1, deadline=trio.current_time() + 5)
+        # A small demand read goes out on both idle demand connections; a large one once.
+        assert metric("neuralcache_fabric_requests_total",
+                      {"priority": "demand"}) == demand_requests + 2
+        await client.read(e.file_id, e.version, 0, HEDGE_MAX_BLOCKS + 1,
+                          deadline=trio.current_time() + 5)
+        assert metric("neuralcache_fabric_requests_total",
+                      {"priority": "demand"}) == demand_requests + 3
+        for i in range(20):
+            await client.read(e.file_id, e.version, i * 100, 100, priority="prefetch",
+                              deadline=trio.current_time() + 5)
+        stats = client.stats()
+        assert stats.name == "bbr" and stats.delivered_bytes >= 2000 * BLOCK_SIZE
+        assert stats.btl_bw > 0 and 0 < stats.min_rtt < 1
+        assert metric("neuralcache_fabric_btl_bw_bytes_per_second") > 0
+        assert metric("neuralcache_fabric_min_rtt_seconds") > 0
+        assert metric("neuralcache_fabric_cwnd_bytes") == stats.cwnd
+        assert metric("neuralcache_fabric_state", {"controller": "bbr", "state": stats.state}) == 1
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_prefetch_survives_a_hub_restart(export_dir: Path) -> None:
+    e = big(export_dir)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        client = await started_client(nursery, hub.port, congestion="cubic")
+        assert await client.read(e.file_id, e.version, 0, 8, priority="prefetch",
+                                 deadline=trio.current_time() + 5) == blocks_of(export_dir, 0, 8)
+        hub.stop()
+        with trio.fail_after(5):
+            while client.connected:
+                await trio.sleep(0.01)
+        hub = await start_hub(nursery, export_dir, port=hub.port)
+        data = await client.read(e.file_id, e.version, 40, 400, priority="prefetch",
+                                 deadline=trio.current_time() + 10)
+        assert data == blocks_of(export_dir, 40, 400)
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_version_1_spoke_is_still_served(export_dir: Path) -> None:
+    e = big(export_dir)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        async with await trio.open_tcp_stream(LOCALHOST, hub.port) as raw:
+            old_read = msgpack.packb([ReadRequest.KIND, 1, e.file_id, e.version, 3, 2])
+            await raw.send_all(encode(Hello(1, "old-spoke")) + struct.pack(">I", len(old_read))
+                               + old_read)
+            decoder, msgs = FrameDecoder(), []
+            while len(msgs) < 2:
+                msgs += decoder.feed(await raw.receive_some(1 << 20))
+        assert msgs[0] == Welcome(1, str(export_dir.resolve()))
+        assert isinstance(msgs[1], ReadReply) and msgs[1].data == blocks_of(export_dir, 3, 2)
+        async with await trio.open_tcp_stream(LOCALHOST, hub.port) as raw:
+            await raw.send_all(encode(Hello(PROTOCOL_VERSION + 1, "future")))
+            reply = FrameDecoder().feed(await raw.receive_some(1 << 16))
+        assert isinstance(reply[0], ErrorReply)
+        hub.stop()
+
+
+# -- over an emulated WAN link ----------------------------------------------------------------
+
+WAN_RTT = 0.06
+WAN_RATE = 50e6
+WAN_SECONDS = 10.0
+WAN_WARMUP = 3.0
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/net/tun")
+                    or shutil.which("nsenter") is None,
+                    reason="needs root, /dev/net/tun and nsenter")
+def test_bbr_fills_most_of_an_emulated_wan_link() -> None:
+    from bench import transport
+    from bench.wan import LinkSpec, WanLink
+
+    export = transport.make_export()
+    with WanLink(LinkSpec(rtt=WAN_RTT, rate_bps=WAN_RATE, seed=1)) as wan:
+        transport.configure_node(wan)
+        hub = wan.command("hub", [sys.executable, "-m", "bench.transport", "hub", "--export",
+                                  str(export), "--listen", f"{wan.hub_addr}:7070"])
+        load = wan.command("spoke", [sys.executable, "-m", "bench.transport", "load", "--hub",
+                                     f"{wan.hub_addr}:7070", "--client", "bbr",
+                                     "--duration", str(WAN_SECONDS)])
+        result = transport._run_pair(hub, load, WAN_SECONDS)
+    after = sum(n for t, n in result["delivered"] if WAN_WARMUP < t <= WAN_SECONDS)
+    goodput = after / (WAN_SECONDS - WAN_WARMUP)
+    assert goodput >= 0.7 * WAN_RATE / 8
+    assert all(math.isfinite(lat) for _, lat in result["demand"])
