@@ -9,7 +9,7 @@ restart (remounting over the same directory is warm).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import lmdb
 import trio
@@ -41,7 +41,23 @@ class BlockCache:
         self._clock = 0
         self._work = trio.Event()
         self._write_lock = trio.Lock()
+        self._on_dropped: Callable[[BlockKey], None] | None = None
+        self._protected: Callable[[BlockKey], bool] | None = None
         self._load_index()
+
+    def watch(self, on_dropped: Callable[[BlockKey], None],
+              protected: Callable[[BlockKey], bool]) -> None:
+        """Report every block that leaves the cache, and spare ``protected`` ones from eviction.
+
+        The prefetcher assumes a block it fetched stays cached until told otherwise, and marks
+        the prefetched blocks a reader is about to reach as protected.
+        """
+        self._on_dropped = on_dropped
+        self._protected = protected
+
+    def _dropped(self, key: BlockKey) -> None:
+        if self._on_dropped is not None:
+            self._on_dropped(key)
 
     def _load_index(self) -> None:
         for entry in self.store.index():
@@ -61,9 +77,10 @@ class BlockCache:
         self._work.set()
 
     def _stamp(self, key: BlockKey) -> None:
+        # Recency rides along with the next batch of puts (or the flush at unmount): waking the
+        # writer for every hit would put a write transaction behind each warm read.
         self._clock += 1
         self._stamps[key] = self._clock
-        self._work.set()
 
     def purge(self, keep: Any) -> int:
         """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the hub)."""
@@ -94,16 +111,22 @@ class BlockCache:
                 metrics.CACHE_CORRUPT_BLOCKS.inc()
                 self.policy.remove(key)
                 self._record(key, _DELETED)
+                self._dropped(key)
+            self._update_gauges()
         for key in found:
-            self.policy.touch(key)
-            self._stamp(key)
+            # A block evicted or purged while its disk read ran is still correct to return, but
+            # stamping it would leave a last-use row that nothing deletes.
+            if key in self.policy:
+                self.policy.touch(key)
+                self._stamp(key)
         return found
 
     def put(self, key: BlockKey, data: bytes) -> None:
         """Hold a verified block; evicts least recently used blocks past capacity."""
-        for old in self.policy.insert(key, len(data)):
+        for old in self.policy.insert(key, len(data), self._protected):
             metrics.CACHE_EVICTIONS.inc()
             self._record(old, _DELETED)
+            self._dropped(old)
         if key in self.policy:
             self._record(key, data)
             self._stamp(key)
@@ -139,7 +162,7 @@ class BlockCache:
             self._drop_unwritten(puts, exc)
         finally:
             self._writing = {}
-        if not self._ops and not self._stamps:
+        if not self._ops:
             self._work = trio.Event()
 
     def _drop_unwritten(self, puts: dict[BlockKey, bytes], exc: Exception) -> None:
@@ -147,8 +170,8 @@ class BlockCache:
         metrics.CACHE_WRITE_ERRORS.inc()
         log.error("cache write of %d blocks failed (%s); they will be fetched again", len(puts), exc)
         for key in puts:
-            if key not in self._ops:
-                self.policy.remove(key)
+            if key not in self._ops and self.policy.remove(key):
+                self._dropped(key)
         self._update_gauges()
 
     async def flush(self) -> None:

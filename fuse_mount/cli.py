@@ -15,7 +15,8 @@ import trio
 from fabric.client import HubUnavailable
 from fabric.export import Export
 
-from .daemon import MountError, SpokeConfig, run_spoke
+from .daemon import (DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_RTT, MountError, SpokeConfig,
+                     run_spoke)
 from .namespace import NamespaceError
 from .runtime import CacheBusyError, pid_alive, read_record
 
@@ -83,7 +84,10 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
                        cache_size=args.cache_size, mountpoint=os.path.abspath(args.mountpoint),
                        metrics_port=args.metrics_port, metrics_addr=args.metrics_addr,
                        connect_timeout=args.connect_timeout, hub_timeout=args.hub_timeout,
-                       allow_other=os.geteuid() == 0)
+                       allow_other=os.geteuid() == 0, prefetch=args.prefetch,
+                       record_trace=os.path.abspath(args.record_trace) if args.record_trace
+                       else None,
+                       link_bandwidth=args.link_bandwidth * 1e6 / 8, link_rtt=args.link_rtt / 1e3)
 
 
 def _mount_foreground(args: argparse.Namespace) -> int:
@@ -190,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--hub-timeout", type=float, default=60.0,
                        help="a read that cannot reach the hub fails with EIO after this "
                             "many s [60]")
+    mount.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                       help="predict reads and fetch ahead of them [on]")
+    mount.add_argument("--record-trace", metavar="FILE",
+                       help="record every read and hint to FILE for offline replay "
+                            "(python -m bench.prefetch_eval --trace FILE)")
+    mount.add_argument("--link-bandwidth", type=float, metavar="MBIT",
+                       default=DEFAULT_LINK_BANDWIDTH * 8 / 1e6,
+                       help="hub link bandwidth the prefetcher plans with until it is measured, "
+                            "Mbit/s [%(default)g]")
+    mount.add_argument("--link-rtt", type=float, metavar="MS", default=DEFAULT_LINK_RTT * 1e3,
+                       help="hub link round trip the prefetcher plans with until it is measured, "
+                            "ms [%(default)g]")
     mount.add_argument("--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument("--log-file", help="daemon log in background mode [CACHE_DIR/neuralcache.log]")
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)

@@ -12,21 +12,27 @@ import logging
 import os
 import signal
 import subprocess
+import time
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import pyfuse3
 import trio
 from prometheus_client import start_http_server
 
 from fabric.client import HubClient
+from neuralcache.events import LinkEstimate
+from neuralcache.trace import TraceWriter
 
 from . import metrics
 from .block_cache import BlockCache
 from .block_store import BlockKey, BlockStore
+from .control import CONTROL_DIR
 from .fetcher import BlockFetcher
 from .filesystem import SpokeFilesystem
 from .namespace import Namespace
+from .prefetch import PrefetchPump, measured_link
 from .runtime import MountRecord, cache_lock, remove_record, write_record
 
 log = logging.getLogger(__name__)
@@ -34,6 +40,14 @@ log = logging.getLogger(__name__)
 READ_AHEAD_KB = 1024
 """Kernel readahead for the mount (KiB): sequential readers then send 1 MiB FUSE reads, not the
 default 128 KiB, which amortises Python's per-request cost."""
+
+
+DEFAULT_LINK_BANDWIDTH = 200e6 / 8
+"""Bytes/s the prefetch planner assumes until the hub client's congestion control has measured
+the path: the 200 Mbit/s WAN this project is measured on. It sizes the prefetch bytes in flight
+(bandwidth x (RTT + 0.1 s)) and how far ahead predictions reach."""
+DEFAULT_LINK_RTT = 0.060
+"""Seconds of round trip the planner assumes until measured (the measured WAN's 60 ms)."""
 
 
 class MountError(Exception):
@@ -52,6 +66,10 @@ class SpokeConfig:
     connect_timeout: float = 10.0
     hub_timeout: float = 60.0
     allow_other: bool = True
+    prefetch: bool = True
+    record_trace: str | None = None  # write a trace of every read and hint to this file
+    link_bandwidth: float = DEFAULT_LINK_BANDWIDTH  # bytes/s the planner may assume
+    link_rtt: float = DEFAULT_LINK_RTT  # seconds
 
 
 def prepare_mountpoint(path: str) -> None:
@@ -71,7 +89,9 @@ def prepare_mountpoint(path: str) -> None:
 
 def mount_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)
-    options |= {f"fsname=neuralcache@{cfg.hub_host}:{cfg.hub_port}", "subtype=neuralcache", "ro"}
+    # Not "ro": the kernel would refuse writes to the hints control file. The filesystem
+    # refuses every other change itself (EROFS).
+    options |= {f"fsname=neuralcache@{cfg.hub_host}:{cfg.hub_port}", "subtype=neuralcache"}
     if cfg.allow_other:
         options.add("allow_other")
     return options
@@ -99,7 +119,10 @@ async def _watch_signals() -> None:
 async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
     """Mount and serve until unmounted or signalled. ``ready`` is called once the mount answers."""
     prepare_mountpoint(cfg.mountpoint)
-    with cache_lock(cfg.cache_dir):
+    with cache_lock(cfg.cache_dir), ExitStack() as files:
+        trace_out = None
+        if cfg.record_trace:
+            trace_out = files.enter_context(_open_trace(cfg.record_trace))
         client = HubClient(cfg.hub_host, cfg.hub_port, name=os.uname().nodename,
                            connect_timeout=cfg.connect_timeout)
         async with trio.open_nursery() as nursery:
@@ -107,16 +130,40 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
             entries = await client.metadata(timeout=cfg.hub_timeout)
             namespace = Namespace(entries)
             metrics.METADATA_ENTRIES.set(len(namespace))
+            if namespace.by_path(CONTROL_DIR) is not None:
+                log.warning("the export's %s is hidden by the mount's control directory",
+                            CONTROL_DIR)
             cache = open_cache(cfg, namespace)
+            pump = None
             try:
                 await nursery.start(cache.run_writer)
                 fetcher = BlockFetcher(cache, client, nursery, hub_timeout=cfg.hub_timeout)
-                await _serve(cfg, SpokeFilesystem(namespace, fetcher), nursery, ready)
+                trace = None
+                if trace_out is not None:
+                    trace = TraceWriter(trace_out, {"hub": f"{cfg.hub_host}:{cfg.hub_port}",
+                                                    "mountpoint": cfg.mountpoint,
+                                                    "started": time.time()})
+                pump = PrefetchPump(namespace, cache, fetcher, prefetch=cfg.prefetch,
+                                    link=LinkEstimate(cfg.link_bandwidth, cfg.link_rtt),
+                                    measure_link=lambda: measured_link(client.stats()),
+                                    trace=trace)
+                await nursery.start(pump.run)
+                await _serve(cfg, SpokeFilesystem(namespace, fetcher, pump), nursery, ready)
                 nursery.cancel_scope.cancel()
             finally:
+                if pump is not None:
+                    pump.close()
                 with trio.CancelScope(shield=True):
                     await cache.flush()
                 cache.close()
+
+
+def _open_trace(path: str) -> BinaryIO:
+    """The ``--record-trace`` file, opened before anything is mounted so a bad path fails early."""
+    try:
+        return open(path, "wb")
+    except OSError as exc:
+        raise MountError(f"cannot record a trace to {path}: {exc.strerror}") from None
 
 
 def _set_read_ahead(mountpoint: str) -> None:

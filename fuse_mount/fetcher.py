@@ -3,6 +3,8 @@
 All readers waiting for the same missing block share one fetch: the first reader registers a
 fetch for the whole missing span and every later reader of any block in it waits on that
 fetch. Fetches run in the daemon's nursery, so a reader that goes away never strands others.
+Prefetches use the same machinery at prefetch priority: a reader that reaches a block while
+its prefetch is on the way waits for that fetch instead of asking the hub a second time.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ import trio
 
 from fabric.client import HubClient
 from fabric.protocol import MAX_READ_BLOCKS, MetaEntry
-from neuralcache.blocks import BLOCK_SIZE, blocks_for_read
+from neuralcache.blocks import BLOCK_SIZE, blocks_for_read, contiguous_runs
 
 from . import metrics
 from .block_cache import BlockCache
 from .block_store import BlockKey
 
 log = logging.getLogger(__name__)
+
+
+DEMAND, PREFETCH = "demand", "prefetch"
+"""``HubClient.read`` priorities: a reader is waiting, or the prefetcher asked."""
 
 
 class ShortReadError(Exception):
@@ -46,6 +52,26 @@ class BlockFetcher:
         self.hub_timeout = hub_timeout
         self._nursery = nursery
         self._inflight: dict[BlockKey, _Fetch] = {}
+
+    def in_flight(self, key: BlockKey) -> bool:
+        """True while a fetch of ``key`` (demand or prefetch) is on its way."""
+        return key in self._inflight
+
+    async def prefetch(self, entry: MetaEntry, first: int, count: int) -> bool:
+        """Bring blocks ``[first, first + count)`` into the cache at prefetch priority.
+
+        Blocks already cached or on their way are skipped; returns False if any fetch failed.
+        """
+        end = min(first + count, -(-entry.size // BLOCK_SIZE))
+        keys = (BlockKey(entry.file_id, entry.version, b) for b in range(first, end))
+        new = [k.block for k in keys if k not in self.cache.policy and k not in self._inflight]
+        fetches = [self._start_fetches(entry, run.first, run.end, prefetch=True)
+                   for run in contiguous_runs(new)]
+        ok = True
+        for fetch in (f for group in fetches for f in group):
+            await fetch.done.wait()
+            ok = ok and fetch.error is None
+        return ok
 
     async def read(self, entry: MetaEntry, offset: int, length: int) -> bytes:
         """``length`` bytes of ``entry`` at ``offset`` (fewer at end of file)."""
@@ -91,18 +117,28 @@ class BlockFetcher:
                 raise fetch.error
         return {k: f.blocks[k.block] for k, f in waiting.items()}
 
-    def _start_fetches(self, entry: MetaEntry, first: int, end: int) -> None:
+    def _start_fetches(self, entry: MetaEntry, first: int, end: int, *,
+                       prefetch: bool = False) -> list[_Fetch]:
         """One fetch for the missing span (split only at the protocol's request size limit)."""
+        fetches = []
         for chunk in range(first, end, MAX_READ_BLOCKS):
             fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk))
             for b in range(fetch.first, fetch.first + fetch.count):
                 self._inflight.setdefault(BlockKey(entry.file_id, entry.version, b), fetch)
-            self._nursery.start_soon(self._run, entry, fetch)
+            self._nursery.start_soon(self._run, entry, fetch, prefetch)
+            fetches.append(fetch)
+        return fetches
 
-    async def _run(self, entry: MetaEntry, fetch: _Fetch) -> None:
+    async def _hub_read(self, entry: MetaEntry, fetch: _Fetch, prefetch: bool) -> bytes:
+        """The one place a fetch's priority reaches the client: demand unless ``prefetch``
+        (queued and paced by the client, served by the hub with what demand leaves)."""
+        return await self.client.read(entry.file_id, entry.version, fetch.first, fetch.count,
+                                      deadline=trio.current_time() + self.hub_timeout,
+                                      priority=PREFETCH if prefetch else DEMAND)
+
+    async def _run(self, entry: MetaEntry, fetch: _Fetch, prefetch: bool) -> None:
         try:
-            data = await self.client.read(entry.file_id, entry.version, fetch.first, fetch.count,
-                                          deadline=trio.current_time() + self.hub_timeout)
+            data = await self._hub_read(entry, fetch, prefetch)
             expected = min(fetch.count * BLOCK_SIZE, entry.size - fetch.first * BLOCK_SIZE)
             if len(data) != expected:
                 raise ShortReadError(f"hub sent {len(data)} bytes of {entry.path!r} where the "

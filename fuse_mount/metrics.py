@@ -34,3 +34,33 @@ METADATA_ENTRIES = Gauge(
 FS_ERRORS = Counter(
     "neuralcache_fs_errors_total", "Filesystem requests answered with an error, by errno name.",
     ["errno"])
+
+# Prefetching. The counters mirror the prefetcher's own accounting (PrefetchStats), published
+# on its planning tick; a block counts as useful if read after it arrived, late if read while
+# its prefetch was still in flight, wasted if evicted or left unread for 300 s. The cache hit
+# ratio is cache_hit_blocks / (cache_hit_blocks + cache_miss_blocks) above.
+PREFETCH_ISSUED_BYTES = Counter(
+    "neuralcache_prefetch_issued_bytes_total", "Bytes the prefetcher asked the hub for.")
+PREFETCH_USEFUL_BYTES = Counter(
+    "neuralcache_prefetch_useful_bytes_total", "Prefetched bytes read after they arrived.")
+PREFETCH_LATE_BYTES = Counter(
+    "neuralcache_prefetch_late_bytes_total", "Prefetched bytes read while still in flight.")
+PREFETCH_WASTED_BYTES = Counter(
+    "neuralcache_prefetch_wasted_bytes_total",
+    "Prefetched bytes evicted or left unread for 300 s.")
+PREFETCH_FAILED_BYTES = Counter(
+    "neuralcache_prefetch_failed_bytes_total", "Prefetched bytes whose fetch failed.")
+PREFETCH_INFLIGHT_BYTES = Gauge(
+    "neuralcache_prefetch_inflight_bytes", "Prefetch bytes requested and not yet arrived.")
+PREFETCH_EVENTS_DROPPED = Counter(
+    "neuralcache_prefetch_events_dropped_total",
+    "Reads not shown to the prefetcher because its queue was full (it fell behind).")
+PREFETCH_CPU_SECONDS = Counter(
+    "neuralcache_prefetch_cpu_seconds_total",
+    "Time spent on prefetching by stage: 'queue' on the read path (handing the read over), "
+    "'predict' off it (the prefetcher's per-read work).", ["stage"])
+HINT_RECORDS = Counter(
+    "neuralcache_prefetch_hints_records_total", "Hint records accepted from the control file.")
+HINT_ERRORS = Counter(
+    "neuralcache_prefetch_hint_errors_total",
+    "Writes to the control file rejected as malformed hint data (EINVAL).")

@@ -60,6 +60,7 @@ class Namespace:
                 self.nodes[parent].subdirs += node.is_dir
             by_path[entry.path] = inode
         self._by_path = by_path
+        self._by_file_id = {e.file_id: e for e in entries if e.kind == "f"}
         self.total_blocks = sum(-(-e.size // 4096) for e in entries if e.kind == "f")
         self.uid = 0
         self.gid = 0
@@ -83,6 +84,15 @@ class Namespace:
 
     def files(self) -> list[MetaEntry]:
         return [n.entry for n in self.nodes.values() if n.entry.kind == "f"]
+
+    def file(self, file_id: int) -> MetaEntry | None:
+        """The regular file with hub id ``file_id`` (the prefetcher names files by id)."""
+        return self._by_file_id.get(file_id)
+
+    @property
+    def next_free_inode(self) -> int:
+        """First inode number the snapshot does not use (the mount's virtual files start here)."""
+        return ROOT_INODE + len(self.nodes)
 
     def attributes(self, node: Node) -> pyfuse3.EntryAttributes:
         """Kernel attributes; the timeouts are long because a snapshot never changes under a mount."""

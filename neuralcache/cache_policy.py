@@ -8,7 +8,7 @@ and lets tests drive it against a reference model without a disk.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable, Iterable
+from typing import Callable, Hashable, Iterable
 
 
 class LruPolicy:
@@ -32,18 +32,27 @@ class LruPolicy:
         if key in self._sizes:
             self._sizes.move_to_end(key)
 
-    def insert(self, key: Hashable, size: int) -> list[Hashable]:
+    def insert(self, key: Hashable, size: int,
+               protected: Callable[[Hashable], bool] | None = None) -> list[Hashable]:
         """Hold ``key`` as most recently used; return the keys evicted to make room.
 
         A key larger than the whole capacity is not held and is returned as its own eviction.
+        ``protected(victim)`` true spares a victim: it moves to the most recently used end (a
+        prefetched block about to be read must not be pushed out by the next prefetch), unless
+        every held key is protected, in which case the least recently used goes regardless.
         """
         self.remove(key)
         if size > self.capacity:
             return [key]
         evicted: list[Hashable] = []
+        spared = 0
         while self.used + size > self.capacity:
-            old, old_size = self._sizes.popitem(last=False)
-            self.used -= old_size
+            old = next(iter(self._sizes))
+            if protected is not None and spared < len(self._sizes) and protected(old):
+                self._sizes.move_to_end(old)
+                spared += 1
+                continue
+            self.used -= self._sizes.pop(old)
             evicted.append(old)
         self._sizes[key] = size
         self.used += size

@@ -1,0 +1,266 @@
+"""The prefetcher in the mount: reads and hints in, prefetch fetches out, all off the read path.
+
+A FUSE read only appends ``(time, handle, entry, offset, length)`` to an inbox and wakes one
+task, the pump, which does the rest between FUSE requests (while a miss waits for the hub, or
+after a hit has been answered): the prefetcher's per-read work, the
+trace (``--record-trace``), hint records from the control file, completions of prefetch
+fetches and a planning tick every ``TICK_INTERVAL``. One task owns the prefetcher, so its calls
+never interleave and none of them costs a reader anything but the append.
+
+Prefetches go through the BlockFetcher's single-flight map at prefetch priority, so a reader
+that reaches a block whose prefetch is on its way waits for that fetch; at most
+``MAX_PREFETCH_FETCHES`` run at once, and the bytes in flight are the planner's own budget
+(one bandwidth-delay product plus a short queue), which each completion frees. Every request
+is reported back, fetched, failed or skipped. The link estimate given to the planner on each
+tick is the hub client's congestion model (bottleneck bandwidth, minimum RTT) once it has
+one, the configured ``--link-bandwidth``/``--link-rtt`` until then.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from typing import Any, Callable
+
+import trio
+
+from fabric.congestion import CongestionStats
+from fabric.protocol import MetaEntry
+from neuralcache.blocks import BLOCK_SIZE
+from neuralcache.catalog import Catalog
+from neuralcache.events import AccessEvent, LinkEstimate, PrefetchRequest
+from neuralcache.hints import HintRecord
+from neuralcache.planner import PrefetchStats
+from neuralcache.prefetcher import Prefetcher
+from neuralcache.trace import TraceWriter
+
+from . import metrics
+from .block_cache import BlockCache
+from .block_store import BlockKey
+from .fetcher import BlockFetcher
+from .namespace import Namespace
+
+log = logging.getLogger(__name__)
+
+TICK_INTERVAL = 0.05
+"""Seconds between planning ticks: drops expired guesses, issues what the budgets now allow
+and publishes the prefetch metrics."""
+MAX_QUEUED_READS = 10_000
+"""Reads waiting for the pump beyond this are not shown to the prefetcher (and counted): it
+has fallen behind, and by the time it got to them they would describe the past."""
+PUMP_BATCH = 8
+"""Messages the pump handles between checkpoints: at 20-75 us each, a FUSE request that became
+ready meanwhile waits at most about half a millisecond."""
+MAX_PREFETCH_FETCHES = 32
+"""Prefetch requests fetching at once (the planner caps their bytes; this caps hub requests):
+32 requests of up to 256 KiB fill the 4 MiB budget of a 200 Mbit/s, 60 ms link."""
+TRACE_FLUSH_INTERVAL = 1.0
+"""Seconds between trace flushes, so a killed daemon leaves at most this much unrecorded."""
+
+_READ, _HINTS, _DONE = range(3)  # inbox message kinds
+
+
+def measured_link(stats: CongestionStats) -> LinkEstimate | None:
+    """The congestion controller's path model as a link estimate, or None before it has one."""
+    if stats.btl_bw > 0 and math.isfinite(stats.btl_bw) and math.isfinite(stats.min_rtt):
+        return LinkEstimate(stats.btl_bw, stats.min_rtt)
+    return None
+
+
+class MountCacheView:
+    """What the planner may ask of the cache, answered from memory: the LRU policy's keys and
+    the fetcher's in-flight map (never LMDB), with each file's snapshot version for the key."""
+
+    def __init__(self, namespace: Namespace, cache: BlockCache, fetcher: BlockFetcher) -> None:
+        self._namespace = namespace
+        self._policy = cache.policy
+        self._fetcher = fetcher
+
+    def contains(self, file_id: int, block: int) -> bool:
+        entry = self._namespace.file(file_id)
+        if entry is None:
+            return True  # not a file of this snapshot: nothing to fetch
+        key = BlockKey(file_id, entry.version, block)
+        return key in self._policy or self._fetcher.in_flight(key)
+
+    def free_bytes(self) -> int:
+        return self._policy.capacity - self._policy.used
+
+    def capacity_bytes(self) -> int:
+        return self._policy.capacity
+
+
+def catalog_of(namespace: Namespace) -> Catalog:
+    """The prefetcher's file table for the snapshot (fed in path order: the catalog then only
+    ever appends to its per-directory name order)."""
+    return Catalog(sorted(((e.file_id, e.path, e.size) for e in namespace.files()),
+                          key=lambda item: item[1]))
+
+
+class PrefetchPump:
+    """Feeds reads and hints to the prefetcher and the trace recorder; runs its prefetches.
+
+    ``link`` is the estimate to plan with until ``measure_link`` returns one. With
+    ``prefetch=False`` nothing is predicted or fetched; reads and hints are still recorded when
+    a trace writer is given.
+    """
+
+    def __init__(self, namespace: Namespace, cache: BlockCache, fetcher: BlockFetcher, *,
+                 prefetch: bool, link: LinkEstimate,
+                 measure_link: Callable[[], LinkEstimate | None] = lambda: None,
+                 trace: TraceWriter | None = None) -> None:
+        self._namespace = namespace
+        self._fetcher = fetcher
+        self._trace = trace
+        self._default_link = link
+        self._measure_link = measure_link
+        self.prefetcher: Prefetcher | None = None
+        if prefetch:
+            self.prefetcher = Prefetcher(catalog_of(namespace),
+                                         MountCacheView(namespace, cache, fetcher), link=link)
+            cache.watch(self._dropped, self._protected)
+        self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._queued_reads = 0
+        self._wake = trio.Event()
+        self._limiter = trio.CapacityLimiter(MAX_PREFETCH_FETCHES)
+        self._nursery: trio.Nursery | None = None
+        self._started = trio.current_time()
+        self._published: dict[Any, int] = {}
+        self._queue_seconds = 0.0  # accumulated here, published on the tick (cheap on the path)
+        self._predict_seconds = 0.0
+        self._next_trace_flush = self._started + TRACE_FLUSH_INTERVAL
+
+    # called from FUSE handlers -------------------------------------------------------------
+    def on_read(self, fh: int, entry: MetaEntry, offset: int, length: int) -> None:
+        """A read arrived; queue it for the pump. This is all a read pays."""
+        if self.prefetcher is None and self._trace is None:
+            return  # --no-prefetch without a trace: nobody wants the read
+        started = time.perf_counter()
+        if self._queued_reads >= MAX_QUEUED_READS:
+            metrics.PREFETCH_EVENTS_DROPPED.inc()
+            return
+        self._inbox.append((_READ, trio.current_time(), fh, entry, offset, length))
+        self._queued_reads += 1
+        self._wake.set()
+        self._queue_seconds += time.perf_counter() - started
+
+    def on_hints(self, record: HintRecord) -> None:
+        """A hint record decoded from the control file."""
+        self._inbox.append((_HINTS, trio.current_time(), record))
+        self._wake.set()
+
+    # the pump --------------------------------------------------------------------------------
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Handle the inbox and tick until cancelled; start it in the daemon's nursery."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            next_tick = trio.current_time()
+            while True:
+                with trio.move_on_at(next_tick):
+                    await self._wake.wait()
+                self._wake = trio.Event()
+                await self._drain()
+                now = trio.current_time()
+                if now >= next_tick:
+                    self._tick(now)
+                    next_tick = now + TICK_INTERVAL
+
+    async def _drain(self) -> None:
+        inbox = self._inbox
+        handled = 0
+        while inbox:
+            self._handle(inbox.popleft())
+            handled += 1
+            if handled % PUMP_BATCH == 0:
+                await trio.sleep(0)
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        pf = self.prefetcher
+        if kind == _READ:
+            _, at, fh, entry, offset, length = msg
+            self._queued_reads -= 1
+            if self._trace is not None:
+                if not self._trace.encoder.knows(entry.file_id):
+                    self._trace.file(entry.file_id, entry.path, entry.size)
+                self._trace.read(at - self._started, fh, fh, entry.file_id, offset, length)
+            if pf is not None:
+                started = time.perf_counter()
+                requests = pf.on_access(trio.current_time(),
+                                        AccessEvent(fh, entry.file_id, offset, length))
+                self._predict_seconds += time.perf_counter() - started
+                self._issue(requests)
+        elif kind == _HINTS:
+            _, at, record = msg
+            if self._trace is not None:
+                self._trace.hint(at - self._started, record)
+            if pf is not None:
+                self._issue(pf.on_hints(trio.current_time(), record))
+        elif pf is not None:  # _DONE
+            _, request, ok = msg
+            self._issue(pf.on_prefetch_complete(trio.current_time(), request, ok))
+
+    def _tick(self, now: float) -> None:
+        if self.prefetcher is not None:
+            link = self._measure_link() or self._default_link
+            self._issue(self.prefetcher.plan(now, link))
+        self.publish()
+        if self._trace is not None and now >= self._next_trace_flush:
+            self._trace.flush()
+            self._next_trace_flush = now + TRACE_FLUSH_INTERVAL
+
+    # prefetch fetches ------------------------------------------------------------------------
+    def _issue(self, requests: list[PrefetchRequest]) -> None:
+        assert self._nursery is not None
+        for request in requests:
+            self._nursery.start_soon(self._fetch, request)
+
+    async def _fetch(self, request: PrefetchRequest) -> None:
+        ok = False
+        try:
+            entry = self._namespace.file(request.file_id)
+            if entry is not None:
+                async with self._limiter:
+                    ok = await self._fetcher.prefetch(entry, request.first, request.count)
+        finally:
+            self._inbox.append((_DONE, request, ok))
+            self._wake.set()
+
+    # cache hooks (called synchronously by BlockCache) ------------------------------------
+    def _dropped(self, key: BlockKey) -> None:
+        assert self.prefetcher is not None
+        self.prefetcher.on_evicted(key.file_id, key.block, 1)
+
+    def _protected(self, key: BlockKey) -> bool:
+        assert self.prefetcher is not None
+        return self.prefetcher.is_protected(key.file_id, key.block)
+
+    # metrics and shutdown --------------------------------------------------------------------
+    def publish(self) -> None:
+        """Bring the Prometheus counters up to the prefetcher's own accounting."""
+        if self.prefetcher is not None:
+            stats: PrefetchStats = self.prefetcher.stats()
+            for counter, value in ((metrics.PREFETCH_ISSUED_BYTES, stats.issued_bytes),
+                                   (metrics.PREFETCH_USEFUL_BYTES, stats.useful_bytes),
+                                   (metrics.PREFETCH_LATE_BYTES, stats.late_bytes),
+                                   (metrics.PREFETCH_WASTED_BYTES, stats.wasted_bytes),
+                                   (metrics.PREFETCH_FAILED_BYTES,
+                                    stats.failed_blocks * BLOCK_SIZE)):
+                self._advance(counter, value)
+            metrics.PREFETCH_INFLIGHT_BYTES.set(stats.inflight_blocks * BLOCK_SIZE)
+        metrics.PREFETCH_CPU_SECONDS.labels("queue").inc(self._queue_seconds)
+        metrics.PREFETCH_CPU_SECONDS.labels("predict").inc(self._predict_seconds)
+        self._queue_seconds = self._predict_seconds = 0.0
+
+    def _advance(self, counter: Any, value: int) -> None:
+        counter.inc(value - self._published.get(counter, 0))
+        self._published[counter] = value
+
+    def close(self) -> None:
+        """At unmount: publish the last counts and write out the rest of the trace."""
+        self.publish()
+        if self._trace is not None:
+            self._trace.flush()
