@@ -1,0 +1,170 @@
+"""Smoke test of the reproduction bench (bench/repro*.py) without a WAN or a mount: the dataset
+layout, a real DataLoader loop over local shards, the hints wiring, and the report's arithmetic.
+Timing goals live in the bench itself, not here."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.repro_data import (TOKEN_DTYPE, TOKENS_PER_WINDOW, WINDOW_BYTES, ShardLayout,
+                              make_dataset, read_layout)
+from bench.repro_loader import SHUFFLED, LoopConfig, LoopTrace, run_loop
+from bench.repro_report import markdown, rolling_rate
+from bench.repro_scenarios import (COLD, LOCAL, SEQUENTIAL, SPOKE, WARM, Scenario,
+                                   checks)
+from bench.repro_stats import (HITS, LATENCY_BUCKET, MISSES, RunRecord, cold_start_share,
+                               histogram_quantile, hit_ratio, latency_buckets, metrics_delta,
+                               summarize, waiting_share, window_rate)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, ShardLayout]:
+    root = str(tmp_path_factory.mktemp("shards"))
+    layout = ShardLayout(shards=3, windows=40)
+    make_dataset(root, layout, seed=7)
+    return root, layout
+
+
+# --- dataset ---------------------------------------------------------------------------------
+
+@given(st.integers(1, 16), st.integers(1, 5000))
+def test_every_sample_has_its_own_window(shards: int, windows: int) -> None:
+    layout = ShardLayout(shards, windows)
+    indices = {i for i in (0, windows - 1, windows, layout.samples // 2, layout.samples - 1)
+               if i < layout.samples}
+    seen = set()
+    for index in indices:
+        name, offset = layout.locate(index)
+        assert offset % WINDOW_BYTES == 0 and offset < windows * WINDOW_BYTES
+        assert layout.ranges(index) == [(name, offset, WINDOW_BYTES)]
+        seen.add((name, offset))
+    assert len(seen) == len(indices)
+    with pytest.raises(IndexError):
+        layout.locate(layout.samples)
+
+
+def test_layout_for_size_fits_in_the_size() -> None:
+    layout = ShardLayout.for_size(512 << 20, 8)
+    assert (layout.shards, layout.windows, layout.total_bytes) == (8, 4096, 512 << 20)
+
+
+def test_dataset_is_written_once_and_reads_back(shards: tuple[str, ShardLayout]) -> None:
+    root, layout = shards
+    assert read_layout(root) == layout
+    assert make_dataset(root, layout, seed=7) == 0.0  # already there: nothing rewritten
+    name, offset = layout.locate(layout.samples - 1)
+    assert os.path.getsize(os.path.join(root, name)) == layout.windows * WINDOW_BYTES
+    tokens = np.fromfile(os.path.join(root, name), dtype=TOKEN_DTYPE, count=TOKENS_PER_WINDOW,
+                         offset=offset)
+    assert tokens.max() > 0 and len(tokens) == TOKENS_PER_WINDOW
+
+
+# --- the loop ----------------------------------------------------------------------------------
+
+def test_loader_loop_records_every_batch(shards: tuple[str, ShardLayout]) -> None:
+    pytest.importorskip("torch")
+    root, layout = shards
+    config = LoopConfig(batch_size=8, workers=2, prefetch_factor=2, step_seconds=0.005,
+                        batches=1000)
+    probes = iter(["start", "end"])
+    trace = run_loop(root, layout, config, probe=lambda: next(probes))
+    assert trace.batches == layout.samples // 8  # capped at the epoch, last partial dropped
+    assert trace.probes == ["start", "end"]
+    assert len(trace.read_seconds) == trace.batches * 8
+    assert all(a <= r <= d for a, r, d in zip(trace.asked, trace.ready, trace.done))
+    assert np.all(np.diff(trace.done) > 0)
+    # every step slept 5 ms, so at most (total - batches x 5 ms) was spent waiting
+    assert waiting_share(trace) <= 1 - trace.batches * 0.005 / trace.done[-1] + 1e-9
+
+
+def test_hinted_sampler_announces_the_shuffled_reads(shards: tuple[str, ShardLayout]) -> None:
+    pytest.importorskip("torch")
+    from neuralcache.hints import HintedSampler
+
+    root, layout = shards
+    announced: list[tuple[str, int, int]] = []
+
+    def capture(mountpoint: str, items: list, epoch: int, source: str) -> int:
+        announced.extend(items)
+        return 0
+
+    config = LoopConfig(batch_size=4, workers=0, step_seconds=0.0, batches=3, order=SHUFFLED)
+    run_loop(root, layout, config,
+             wrap_sampler=lambda s: HintedSampler(s, root, layout.ranges, announce_fn=capture))
+    # the whole epoch's order is announced, one 16 KiB range per sample, each sample once
+    assert len(announced) == layout.samples
+    assert len(set(announced)) == layout.samples
+    assert {length for _, _, length in announced} == {WINDOW_BYTES}
+    assert [a[:2] for a in announced] != [layout.locate(i) for i in range(layout.samples)]
+
+
+# --- arithmetic ----------------------------------------------------------------------------------
+
+def _trace(step_times: list[float], batch_size: int = 24) -> LoopTrace:
+    done = [float(t) for t in np.cumsum(step_times)]
+    return LoopTrace(batch_size, asked=[0.0] + done[:-1], ready=[0.0] + done[:-1], done=done,
+                     read_seconds=[0.001] * (len(done) * batch_size))
+
+
+def test_windows_tile_the_run() -> None:
+    trace = _trace([0.1] * 100 + [0.05] * 50 + [0.02] * 50)
+    assert window_rate(trace, 0, 100) == pytest.approx(240)
+    assert window_rate(trace, 100, 150) == pytest.approx(480)
+    assert window_rate(trace, 150, None) == pytest.approx(1200)
+    assert window_rate(trace, 300, None) is None
+
+
+def test_histogram_quantile_matches_prometheus() -> None:
+    buckets = [(0.001, 50.0), (0.01, 90.0), (0.1, 100.0), (math.inf, 100.0)]
+    assert histogram_quantile(buckets, 0.5) == pytest.approx(0.001)
+    assert histogram_quantile(buckets, 0.7) == pytest.approx(0.001 + 0.009 * 0.5)
+    assert histogram_quantile([(0.1, 0.0), (math.inf, 0.0)], 0.5) is None
+    assert histogram_quantile([(0.1, 1.0), (math.inf, 4.0)], 0.99) == 0.1
+
+
+def test_metric_deltas_give_hit_ratio_and_latency() -> None:
+    def scrape(hits: float, misses: float, fast: float) -> dict:
+        return {(HITS, ()): hits, (MISSES, ()): misses,
+                (LATENCY_BUCKET, (("le", "0.001"), ("source", "cache"))): fast,
+                (LATENCY_BUCKET, (("le", "+Inf"), ("source", "cache"))): fast + 1}
+
+    delta = metrics_delta(scrape(10, 5, 3), scrape(109, 6, 103))
+    assert hit_ratio(delta) == pytest.approx(0.99)
+    assert latency_buckets(delta) == [(0.001, 100.0), (math.inf, 100.0)]
+
+
+def test_extrapolated_share_shrinks_with_the_run() -> None:
+    shares = [cold_start_share(10.0, 1000, 100.0, 0.1, h) for h in (10_000, 100_000)]
+    assert shares[0] == pytest.approx(10 / 1010)
+    assert shares[1] < shares[0] / 9
+
+
+def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
+    local = _trace([0.02] * 200)
+    runs = {
+        Scenario(SEQUENTIAL, LOCAL).key: {0: RunRecord(Scenario(SEQUENTIAL, LOCAL).key, 0,
+                                                       local, 4.0)},
+        Scenario(SEQUENTIAL, SPOKE, COLD).key: {0: RunRecord(
+            Scenario(SEQUENTIAL, SPOKE, COLD).key, 0, _trace([0.03] * 100 + [0.02] * 100), 5.0,
+            wan_down_bytes=10**8, wan_up_bytes=10**6, metrics={HITS: 50.0, MISSES: 50.0})},
+        Scenario(SEQUENTIAL, SPOKE, WARM).key: {0: RunRecord(
+            Scenario(SEQUENTIAL, SPOKE, WARM).key, 0, local, 4.0, wan_down_bytes=0,
+            wan_up_bytes=0, metrics={HITS: 100.0, MISSES: 0.0})},
+    }
+    found = {c.name: c for c in checks(runs, 200e6)}
+    cold_time = found["cold spoke, sequential: whole-run time vs hub-local"]
+    assert cold_time.value == pytest.approx(5.0 / 4.0) and cold_time.met is False
+    assert found["warm spoke, sequential: blocks served from the local cache"].met is True
+    assert found["warm spoke, I/O bound: samples/s after the first batch vs hub-local"].met is None
+    summary = summarize(runs[Scenario(SEQUENTIAL, SPOKE, COLD).key][0], 200e6)
+    assert summary.link_use == pytest.approx(10**8 * 8 / (200e6 * 5.0))
+    text = markdown(runs, 200e6, "header")
+    assert "| spoke cold |" in text and "| spoke warm |" in text
+    assert "### I/O bound" not in text  # no table for a variant that was not run
+    assert rolling_rate(local.done, 24, window=20)[-1] == pytest.approx(1200)
