@@ -1,0 +1,482 @@
+"""Measure the hub->spoke data path over emulated WAN links: the table of docs/transport.md.
+
+    .venv/bin/python -m bench.transport            # 3 links x 3 clients x 60 s + loopback, ~12 min
+    .venv/bin/python -m bench.transport --quick    # 15 s transfers, for development
+
+For each link (``bench.wan``: namespaces, TUN devices, a shaping forwarder) and each client, a
+hub process runs in the hub namespace and a load process in the spoke namespace. The load keeps
+the pipe full of prefetch reads (``PREFETCH_DEPTH`` reads of 4 MiB outstanding, sequential
+through a synthetic export file) while a separate task issues a demand read of one random
+block every ``DEMAND_INTERVAL`` and records its latency. Clients:
+
+* ``bbr`` / ``cubic``: ``fabric.client.HubClient`` with that congestion controller (the kernel
+  TCP under it is BBR in both cases; the hub sets it on its sockets);
+* ``naive``: one plain TCP connection fetching one 4 KiB block at a time (a demand read takes
+  the next turn).
+
+Goodput counts verified block bytes delivered to the caller, as a fraction of the link's line
+rate; "after start-up" skips the first ``max(2 s, 20 RTT)``. Demand latency is measured after
+start-up, while prefetch fills the pipe. The loopback row runs hub and spoke on 127.0.0.1 with
+no emulation. Root is needed for the namespaces. The export file is sparse, under /var/tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+EXPORT_DIR = Path("/var/tmp/neuralcache-bench/transport-export")
+EXPORT_FILE = "data.bin"
+EXPORT_BYTES = 4 * 1024**3
+"""Synthetic file size: 60 s at 200 Mbit/s is 1.5 GB; loopback wraps around it."""
+
+HUB_PORT = 7070  # inside the hub namespace, which is ours alone
+PREFETCH_READ_BLOCKS = 1024  # one prefetch read: 4 MiB, the most one request carries
+PREFETCH_DEPTH = 32
+"""Prefetch reads outstanding (64 MiB): more than the pipe holds even in BBR's STARTUP on the
+900 ms path (2.9 x 11 MB), so the load never runs dry."""
+DEMAND_INTERVAL = 0.1  # seconds between demand reads
+DEMAND_DEADLINE = 60.0  # a demand read gives up after this long (recorded as a miss)
+STARTUP_RTTS = 20  # "after start-up" begins this many RTTs in ...
+MIN_STARTUP = 2.0  # ... and at least this many seconds in
+SAMPLE_PERIOD = 0.5  # seconds between snapshots of the controller's model
+READY_TIMEOUT = 20.0  # seconds for the hub process to listen
+RUN_SLACK = 60.0  # seconds a load process may run past its duration before it is killed
+LOOPBACK_SECONDS = 10.0  # length of the loopback run (the links run --duration)
+
+
+NODE_SYSCTLS = (
+    # Receive buffers start large (8 MiB) and may grow to 128 MiB: with 1 % loss a connection
+    # holds about a round trip of data out of order besides its share of the BDP, and
+    # autotuning grows the buffer only as the application reads, which it cannot do past a hole.
+    "net.ipv4.tcp_rmem=4096 8388608 134217728",
+    # Idle demand connections keep their congestion window instead of restarting from 10.
+    "net.ipv4.tcp_slow_start_after_idle=0",
+)
+"""The node settings of docs/transport.md, applied to both namespaces of an emulated link."""
+
+ROUTE_WINDOW = 128
+"""``initcwnd``/``initrwnd`` (packets) on each namespace's route to the other, also from
+docs/transport.md: a fresh connection's first flight is 185 KB instead of 14 KB, which saves
+a 900 ms path about four round trips of slow start."""
+
+
+def configure_node(wan: Any) -> None:
+    """Apply the node settings to both namespaces of ``wan`` (never to the host's)."""
+    from bench.wan import DEVICE
+
+    for ns, peer in ((wan.hub_ns, wan.spoke_addr), (wan.spoke_ns, wan.hub_addr)):
+        subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *NODE_SYSCTLS],
+                       check=True, capture_output=True)
+        subprocess.run(["ip", "-n", ns, "route", "change", f"{peer}/32", "dev", DEVICE,
+                        "initcwnd", str(ROUTE_WINDOW), "initrwnd", str(ROUTE_WINDOW)],
+                       check=True, capture_output=True)
+
+
+@dataclass(frozen=True)
+class Link:
+    label: str
+    rtt: float  # seconds
+    rate_bps: float
+    loss: float
+
+
+LINKS = (
+    Link("60 ms / 200 Mbit/s / 0 %", 0.060, 200e6, 0.0),
+    Link("60 ms / 200 Mbit/s / 1 %", 0.060, 200e6, 0.01),
+    Link("900 ms / 100 Mbit/s / 1 %", 0.900, 100e6, 0.01),
+)
+CLIENTS = ("bbr", "cubic", "naive")
+
+
+def make_export() -> Path:
+    """The sparse export file (holes read as zeros: what is measured is the path, not a disk)."""
+    EXPORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = EXPORT_DIR / EXPORT_FILE
+    if not path.exists() or path.stat().st_size != EXPORT_BYTES:
+        with open(path, "wb") as f:
+            f.truncate(EXPORT_BYTES)
+    return EXPORT_DIR
+
+
+# -- hub side (runs in the hub namespace) ------------------------------------------------------
+
+def hub_main(export: str, host: str, port: int) -> None:
+    import trio
+
+    from fabric.export import Export
+    from fabric.hub import HubServer
+
+    async def main() -> None:
+        server = HubServer(Export(export))
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(server.serve, host, port)
+            print(f"ready {listeners[0].socket.getsockname()[1]}", flush=True)
+
+    trio.run(main)
+
+
+# -- spoke side (runs in the spoke namespace) ---------------------------------------------------
+
+def load_main(host: str, port: int, client: str, duration: float, connections: int,
+              depth: int = PREFETCH_DEPTH) -> None:
+    result = (_naive_load if client == "naive" else _fabric_load)(
+        host, port, client, duration, connections, depth)
+    print(json.dumps(result), flush=True)
+
+
+def _fabric_load(host: str, port: int, congestion: str, duration: float,
+                 connections: int, depth: int) -> dict[str, Any]:
+    import trio
+
+    from fabric.client import HubClient, HubUnavailable
+
+    delivered: list[tuple[float, int]] = []  # (seconds since start, bytes)
+    demand: list[tuple[float, float]] = []  # (issued at, latency; inf if it failed)
+    model: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        client = HubClient(host, port, congestion=congestion, connections=connections,
+                           connect_timeout=30.0, attempt_timeout=60.0)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(client.run)
+            entry = next(e for e in await client.metadata(timeout=60) if e.path == EXPORT_FILE)
+            blocks = entry.size // 4096
+            start = trio.current_time()
+            end = start + duration
+            rng = random.Random(1)
+            next_block = 0
+
+            async def prefetcher() -> None:
+                nonlocal next_block
+                while True:
+                    first = next_block
+                    next_block = (next_block + PREFETCH_READ_BLOCKS) % blocks
+                    data = await client.read(entry.file_id, entry.version, first,
+                                             PREFETCH_READ_BLOCKS, priority="prefetch",
+                                             deadline=trio.current_time() + 3600)
+                    delivered.append((trio.current_time() - start, len(data)))
+
+            async def one_demand(block: int) -> None:
+                issued = trio.current_time()
+                try:
+                    data = await client.read(entry.file_id, entry.version, block, 1,
+                                             deadline=issued + DEMAND_DEADLINE)
+                except HubUnavailable:
+                    demand.append((issued - start, math.inf))
+                    return
+                done = trio.current_time()
+                delivered.append((done - start, len(data)))
+                demand.append((issued - start, done - issued))
+
+            async def sampler() -> None:
+                while True:
+                    s = client.stats()
+                    model.append({"t": trio.current_time() - start, "state": s.state,
+                                  "btl_bw": s.btl_bw, "min_rtt": _finite(s.min_rtt),
+                                  "srtt": _finite(s.srtt), "pacing_rate": s.pacing_rate,
+                                  "cwnd": s.cwnd, "inflight": s.bytes_in_flight,
+                                  "lost_packets": s.lost_packets, "loss_rate": s.loss_rate,
+                                  "headroom": client.prefetch_headroom})
+                    await trio.sleep(SAMPLE_PERIOD)
+
+            async with trio.open_nursery() as load:
+                for _ in range(depth):
+                    load.start_soon(prefetcher)
+                load.start_soon(sampler)
+                tick = start
+                while tick < end:
+                    load.start_soon(one_demand, rng.randrange(blocks))
+                    tick += DEMAND_INTERVAL
+                    await trio.sleep_until(tick)
+                load.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    return {"delivered": delivered, "demand": demand, "model": model}
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _naive_load(host: str, port: int, client: str, duration: float,
+                connections: int, depth: int) -> dict[str, Any]:
+    """One blocking TCP connection, one 4 KiB block per request; a due demand read goes next."""
+    from fabric.checksum import bad_blocks
+    from fabric.protocol import (PROTOCOL_VERSION, FrameDecoder, Hello, MetaReply, MetaRequest,
+                                 ReadReply, ReadRequest, encode)
+
+    sock = socket.create_connection((host, port), timeout=60)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    decoder = FrameDecoder()
+    pending: list[Any] = []
+
+    def call(msg: Any) -> Any:
+        sock.sendall(encode(msg))
+        while not pending:
+            data = sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("hub closed the connection")
+            pending.extend(decoder.feed(data))
+        return pending.pop(0)
+
+    call(Hello(PROTOCOL_VERSION, "naive"))
+    entries = []
+    reply = call(MetaRequest(1))
+    while True:
+        assert isinstance(reply, MetaReply)
+        entries.extend(reply.entries)
+        if reply.done:
+            break
+        reply = call(MetaRequest(1)) if not pending else pending.pop(0)
+    entry = next(e for e in entries if e.path == EXPORT_FILE)
+    blocks = entry.size // 4096
+    rng = random.Random(1)
+    delivered: list[tuple[float, int]] = []
+    demand: list[tuple[float, float]] = []
+    start = time.monotonic()
+    next_demand = start
+    seq = 0
+    req_id = 1
+    while True:
+        now = time.monotonic()
+        if now >= start + duration:
+            break
+        is_demand = now >= next_demand
+        if is_demand:
+            block, issued = rng.randrange(blocks), next_demand
+            next_demand += DEMAND_INTERVAL
+        else:
+            block, seq = seq, (seq + 1) % blocks
+        req_id += 1
+        reply = call(ReadRequest(req_id, entry.file_id, entry.version, block, 1))
+        assert isinstance(reply, ReadReply) and not bad_blocks(reply.data, reply.checksums)
+        done = time.monotonic()
+        delivered.append((done - start, len(reply.data)))
+        if is_demand:
+            demand.append((issued - start, done - issued))
+    # Demand reads the naive client never got to are misses of the whole run.
+    while next_demand < start + duration:
+        demand.append((next_demand - start, math.inf))
+        next_demand += DEMAND_INTERVAL
+    sock.close()
+    return {"delivered": delivered, "demand": demand, "model": []}
+
+
+# -- the parent: links, processes, the table ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    link: str
+    client: str
+    line_rate: float  # bytes/s
+    rtt: float  # seconds (0 on loopback)
+    whole: float  # goodput bytes/s over the whole run
+    after: float  # goodput bytes/s after start-up
+    p50: float  # demand latency seconds, after start-up
+    p99: float
+    demand_done: int
+    demand_issued: int
+    lost: int  # requests the controller counted lost
+    startup: float  # seconds treated as start-up
+
+
+def summarize(link: str, client: str, line_rate: float, rtt: float, duration: float,
+              result: dict[str, Any]) -> Row:
+    startup = max(MIN_STARTUP, STARTUP_RTTS * rtt)
+    delivered = result["delivered"]
+    whole = sum(n for t, n in delivered if t <= duration) / duration
+    after = sum(n for t, n in delivered if startup < t <= duration) / (duration - startup)
+    window = [lat for t, lat in result["demand"] if t >= startup]
+    done = sorted(x for x in window if math.isfinite(x))
+    # A demand read that never completed counts as slower than every one that did.
+    ranked = done + [math.inf] * (len(window) - len(done))
+    lost = result["model"][-1]["lost_packets"] if result["model"] else 0
+    return Row(link, client, line_rate, rtt, whole, after, _quantile(ranked, 0.5),
+               _quantile(ranked, 0.99), len(done), len(window), lost, startup)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
+
+
+def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[str, Any]:
+    hub = subprocess.Popen(hub_cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = _read_line(hub, READY_TIMEOUT)
+        if not line.startswith("ready"):
+            raise RuntimeError(f"hub did not start: {line!r}")
+        out = subprocess.run(load_cmd, capture_output=True, text=True,
+                             timeout=duration + RUN_SLACK)
+        if out.returncode != 0:
+            raise RuntimeError(f"load process failed:\n{out.stderr[-3000:]}")
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        hub.terminate()
+        try:
+            hub.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            hub.kill()
+            hub.wait()
+
+
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    import select
+
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline().strip() if ready else ""
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, "-m", "bench.transport", *args]
+
+
+def _save(save: Path | None, name: str, result: dict[str, Any]) -> None:
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+        (save / f"{name}.json").write_text(json.dumps(result))
+
+
+def run_link(link: Link, clients: list[str], duration: float, connections: int,
+             export: Path, save: Path | None = None) -> list[Row]:
+    from bench.wan import LinkSpec, WanLink
+
+    rows = []
+    with WanLink(LinkSpec(rtt=link.rtt, rate_bps=link.rate_bps, loss=link.loss, seed=1)) as wan:
+        configure_node(wan)
+        for client in clients:
+            hub_cmd = wan.command("hub", _python("hub", "--export", str(export), "--listen",
+                                                 f"{wan.hub_addr}:{HUB_PORT}"))
+            load_cmd = wan.command("spoke", _python(
+                "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
+                "--duration", str(duration), "--connections", str(connections)))
+            result = _run_pair(hub_cmd, load_cmd, duration)
+            result["wire"] = wan.stats()
+            _save(save, f"{link.rtt * 1000:.0f}ms-{link.loss:g}-{client}", result)
+            row = summarize(link.label, client, link.rate_bps / 8, link.rtt, duration, result)
+            print(format_row(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    return rows
+
+
+def run_loopback(clients: list[str], duration: float, connections: int, export: Path,
+                 save: Path | None = None) -> list[Row]:
+    rows = []
+    for client in clients:
+        port = _free_port()
+        result = _run_pair(
+            _python("hub", "--export", str(export), "--listen", f"127.0.0.1:{port}"),
+            _python("load", "--hub", f"127.0.0.1:{port}", "--client", client,
+                    "--duration", str(duration), "--connections", str(connections)),
+            duration)
+        _save(save, f"loopback-{client}", result)
+        row = summarize("loopback, no emulation", client, math.nan, 0.0, duration, result)
+        print(format_row(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.1f} %"
+
+
+def _ms(x: float) -> str:
+    if math.isnan(x):
+        return "-"
+    return "never" if math.isinf(x) else f"{1000 * x:.0f} ms"
+
+
+def _rate(x: float, line: float) -> str:
+    if math.isnan(line):
+        return f"{x / 1e9:.2f} GB/s"
+    return f"{_pct(x / line)} ({8 * x / 1e6:.0f} Mbit/s)"
+
+
+HEADER = ("| link | client | goodput, whole run | goodput after start-up | demand p50 | "
+          "demand p99 | p99 / RTT | demand reads done | lost requests |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+
+
+def format_row(r: Row) -> str:
+    ratio = "-" if r.rtt == 0 or math.isnan(r.p99) else (
+        "inf" if math.isinf(r.p99) else f"{r.p99 / r.rtt:.2f}")
+    return (f"| {r.link} | {r.client} | {_rate(r.whole, r.line_rate)} | "
+            f"{_rate(r.after, r.line_rate)} | {_ms(r.p50)} | {_ms(r.p99)} | {ratio} | "
+            f"{r.demand_done}/{r.demand_issued} | {r.lost} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.transport", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd")
+    hub = sub.add_parser("hub", help="(internal) serve the export")
+    hub.add_argument("--export", required=True)
+    hub.add_argument("--listen", required=True)
+    load = sub.add_parser("load", help="(internal) run one client's load, print JSON")
+    load.add_argument("--hub", required=True)
+    load.add_argument("--client", choices=CLIENTS, required=True)
+    load.add_argument("--duration", type=float, required=True)
+    load.add_argument("--connections", type=int, default=4)
+    load.add_argument("--depth", type=int, default=PREFETCH_DEPTH,
+                      help="prefetch reads outstanding (0: demand reads only)")
+    parser.add_argument("--quick", action="store_true", help="15 s transfers instead of 60 s")
+    parser.add_argument("--duration", type=float, default=None, help="seconds per transfer")
+    parser.add_argument("--links", type=int, nargs="+", default=None,
+                        help=f"indices of links to run (0..{len(LINKS) - 1}; default all)")
+    parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
+    parser.add_argument("--connections", type=int, default=4, help="bulk TCP connections")
+    parser.add_argument("--no-loopback", action="store_true")
+    parser.add_argument("--loopback-only", action="store_true")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="directory to keep each run's raw JSON (timelines, model samples)")
+    args = parser.parse_args(argv)
+    if args.cmd == "hub":
+        host, _, port = args.listen.rpartition(":")
+        hub_main(args.export, host, int(port))
+        return 0
+    if args.cmd == "load":
+        host, _, port = args.hub.rpartition(":")
+        load_main(host, int(port), args.client, args.duration, args.connections, args.depth)
+        return 0
+    duration = args.duration or (15.0 if args.quick else 60.0)
+    export = make_export()
+    rows: list[Row] = []
+    if not args.loopback_only:
+        if os.geteuid() != 0:
+            parser.error("the emulated links need root (network namespaces)")
+        for i in (args.links if args.links is not None else range(len(LINKS))):
+            rows += run_link(LINKS[i], args.clients, duration, args.connections, export,
+                             args.save)
+    if not args.no_loopback:
+        loop_clients = [c for c in args.clients if c != "naive"] or ["bbr"]
+        rows += run_loopback(loop_clients, min(duration, LOOPBACK_SECONDS), args.connections,
+                             export, args.save)
+    print(HEADER)
+    for row in rows:
+        print(format_row(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
