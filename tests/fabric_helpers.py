@@ -4,8 +4,9 @@ in-process TCP proxy that can rewrite or hold back the hub's replies."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 from prometheus_client import REGISTRY
@@ -14,6 +15,20 @@ from fabric.client import HubClient
 from fabric.export import Export
 from fabric.hub import HubServer
 from fabric.protocol import FrameDecoder, Message, ReadReply, encode
+
+TEST_LIMIT = 20
+"""Seconds any one socket test may take before it is failed rather than left hanging."""
+
+
+def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    """Run an async test body in its own trio run, failing it if it hangs."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        async def main() -> None:
+            with trio.fail_after(TEST_LIMIT):
+                await fn(*args, **kwargs)
+        trio.run(main)
+    return wrapper
 
 LOCALHOST = "127.0.0.1"
 

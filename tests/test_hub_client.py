@@ -6,13 +6,12 @@ timeouts are small so the whole file runs in a few seconds.
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import socket
 import struct
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 import trio
@@ -25,24 +24,13 @@ from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PRO
                              MetaReply, MetaRequest, ReadReply, ReadRequest, Welcome, encode)
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import (LOCALHOST, Proxy, flip_reply, metric, running_client,
-                                  start_hub)
+                                  start_hub, trio_test)
 
-TEST_LIMIT = 20
-"""Seconds any one test may take before it is failed rather than left hanging."""
 
 BIG = "big.bin"
 SMALL = "dir/small.bin"
 
 
-def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    """Run an async test body in its own trio run, failing it if it hangs."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        async def main() -> None:
-            with trio.fail_after(TEST_LIMIT):
-                await fn(*args, **kwargs)
-        trio.run(main)
-    return wrapper
 
 
 @pytest.fixture

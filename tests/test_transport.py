@@ -7,18 +7,15 @@ ratios with wide margins.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import random
 import shutil
-import socket
 import struct
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import msgpack
 import pytest
@@ -43,22 +40,10 @@ from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_
                                            MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
                                            headroom)
 from neuralcache.blocks import BLOCK_SIZE
-from tests.fabric_helpers import LOCALHOST, metric, start_hub
+from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
 
-TEST_LIMIT = 20
-"""Seconds any one socket test may take before it is failed rather than left hanging."""
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        async def main() -> None:
-            with trio.fail_after(TEST_LIMIT):
-                await fn(*args, **kwargs)
-        trio.run(main)
-    return wrapper
 
 
 # -- protocol: the priority extension ---------------------------------------------------------
