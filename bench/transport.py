@@ -53,7 +53,7 @@ MIN_STARTUP = 2.0  # ... and at least this many seconds in
 SAMPLE_PERIOD = 0.5  # seconds between snapshots of the controller's model
 READY_TIMEOUT = 20.0  # seconds for the hub process to listen
 RUN_SLACK = 60.0  # seconds a load process may run past its duration before it is killed
-LOOPBACK_SECONDS = 10.0  # length of the loopback run (the links run --duration)
+LOOPBACK_SECONDS = 15.0  # length of the loopback runs (the links run --duration)
 
 
 NODE_SYSCTLS = (

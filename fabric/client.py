@@ -69,7 +69,12 @@ PROBE_RTT (cwnd of 4 packets for 200 ms and a round trip) 10 s after its connect
 min-RTT sample, the first one taken at the handshake: connections dialled together probe
 together, stalling the whole pipe, and the backlog they release afterwards queues at the
 bottleneck for a second or two, in front of demand replies (measured at 60 ms). Spread out,
-one connection probes at a time and the dispatcher sends around it."""
+one connection probes at a time and the dispatcher sends around it. Not on short paths (the
+first greeting took under ``STAGGER_MIN_RTT``): there a probe costs 200 ms at most and a
+staggered pool only delays full speed (on loopback by most of a 10 s run)."""
+
+STAGGER_MIN_RTT = 0.005
+"""Round trip below which the bulk connections are all dialled at once."""
 
 DEFAULT_DEMAND_CONNECTIONS = 2
 """Demand connections dialled at start: one per copy of a hedged read."""
@@ -269,7 +274,7 @@ class HubClient:
             for i in range(self._demand_slots):
                 nursery.start_soon(self._keep_up, DEMAND, i > 0)
             for i in range(self._bulk_slots):
-                nursery.start_soon(self._keep_up, BULK, True, False, i * self._stagger)
+                nursery.start_soon(self._keep_up, BULK, True, False, i)
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._arrival_poller)
             with trio.move_on_after(self.connect_timeout):
@@ -550,13 +555,13 @@ class HubClient:
     # -- connections -----------------------------------------------------------------------
 
     async def _keep_up(self, role: str, quiet: bool, grown: bool = False,
-                       offset: float = 0.0) -> None:
+                       index: int = 0) -> None:
         """Keep one connection of ``role`` up; ``quiet`` logs its failed dials at debug level
         (one slot reports for all), ``grown`` marks a demand slot added by ``_grow_demand``,
-        ``offset`` delays each (re)dial to keep the bulk connections apart (BULK_STAGGER)."""
+        ``index`` is a bulk slot's place in the stagger (BULK_STAGGER)."""
         try:
             while True:
-                await trio.sleep(offset)
+                await self._wait_turn(index)
                 conn = await self._dial_until_up(role, quiet=quiet)
                 if grown:
                     self._dialing -= 1
@@ -565,6 +570,16 @@ class HubClient:
         finally:
             if grown:
                 self._dialing -= 1
+
+    async def _wait_turn(self, index: int) -> None:
+        """Wait before dialling bulk slot ``index``: once some connection is up, and then
+        ``index`` stagger steps if the path is long enough for it to matter."""
+        if index == 0:
+            return
+        while not self._conns:
+            await self._link_changed.wait()
+        if min(c.hello_rtt for c in self._conns) >= STAGGER_MIN_RTT:
+            await trio.sleep(index * self._stagger)
 
     async def _dial_until_up(self, role: str, *, quiet: bool) -> _Connection:
         backoff = BACKOFF_INITIAL

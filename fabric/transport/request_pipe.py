@@ -48,7 +48,7 @@ MIN_REQUEST_BYTES = 64 * 1024
 MAX_REQUEST_BYTES = MAX_READ_BLOCKS * BLOCK_SIZE
 """Largest chunk: what one ReadRequest may carry (4 MiB)."""
 
-MAX_REQUEST_RATE = 250.0
+MAX_REQUEST_RATE = 500.0
 """Prefetch requests per second the spoke aims not to exceed: each costs ~100 us of Python on
 each side, so at high rates (loopback, >= 1 GB/s) chunks grow to keep the count down."""
 

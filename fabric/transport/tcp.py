@@ -26,10 +26,11 @@ AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 _warned: set[str] = set()
 
 # struct tcp_info (include/uapi/linux/tcp.h): offsets of the fields arrivals.py reads.
-_TCP_INFO_BYTES = 156  # up to and including tcpi_data_segs_in (Linux >= 4.6)
+_TCP_INFO_BYTES = 228  # up to and including tcpi_rcv_ooopack (Linux >= 5.4)
 _RCV_MSS = struct.Struct("=I")  # at 20
 _BYTES_RECEIVED = struct.Struct("=Q")  # at 128
 _DATA_SEGS_IN = struct.Struct("=I")  # at 152
+_RCV_OOOPACK = struct.Struct("=I")  # at 224
 
 
 def available_congestion_controls() -> frozenset[str]:
@@ -72,4 +73,5 @@ def counters(sock: socket.socket | object) -> TcpCounters | None:
         return None
     return TcpCounters(bytes_received=_BYTES_RECEIVED.unpack_from(info, 128)[0],
                        data_segs_in=_DATA_SEGS_IN.unpack_from(info, 152)[0],
+                       ooo_packets=_RCV_OOOPACK.unpack_from(info, 224)[0],
                        rcv_mss=_RCV_MSS.unpack_from(info, 20)[0])
