@@ -28,7 +28,6 @@ import math
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import time

@@ -23,7 +23,7 @@ from neuralcache.blocks import BLOCK_SIZE
 from . import hub_metrics, metrics
 from .export import Export, ExportError
 from .protocol import (META_CHUNK_ENTRIES, MAX_READ_BLOCKS, OLDEST_PROTOCOL_VERSION,
-                       PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello, Message, MetaReply,
+                       PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello, MetaReply,
                        MetaRequest, ProtocolError, ReadRequest, Welcome, encode)
 from .transport import tcp
 from .transport.blocksums import range_checksums
