@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Iterator
 
 from bench.memfs import READY_LINE
+from bench.repro_procs import stop_process
 from fuse_mount.launch import Hub, Spoke, is_mounted, metric
 
-STOP_WAIT = 10.0
-"""Seconds memfs gets to unmount and exit after SIGTERM before it is killed."""
 
 
 def exit_on_sigterm() -> None:
@@ -84,12 +83,6 @@ def memfs(source: str, mountpoint: str) -> Iterator[str]:
             raise RuntimeError(f"memfs did not start: {line!r} (exit {proc.poll()})")
         yield os.path.join(mountpoint, os.path.basename(source))
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(STOP_WAIT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         if is_mounted(mountpoint):
             subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False)

@@ -14,7 +14,6 @@ import contextlib
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -47,7 +46,8 @@ def free_port(link: WanLink, side: str, host: str) -> int:
         return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after STOP_WAIT: a process gets the chance to unmount cleanly."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -101,7 +101,7 @@ def hub(link: WanLink, export: str, log_path: str) -> Iterator[str]:
             raise RuntimeError(f"hub did not start ({proc.returncode}); {_log_tail(log_path)}")
         yield f"{link.hub_addr}:{line.rsplit(':', 1)[1]}"
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def rclone_server(link: WanLink, export: str, config: str, log_path: str) -> Ite
                     proc)
         yield f"http://{link.hub_addr}:{port}/"
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 @contextlib.contextmanager
@@ -207,6 +207,6 @@ def rclone_mount(link: WanLink, url: str, cache_dir: str, mountpoint: str, cache
         _wait_until(lambda: is_mounted(mountpoint), "rclone mount", proc)
         yield mountpoint
     finally:
-        _stop(proc)
+        stop_process(proc)
         if is_mounted(mountpoint):
             subprocess.run(["fusermount3", "-u", "-z", mountpoint], check=False)
