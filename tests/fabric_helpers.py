@@ -115,6 +115,7 @@ class Proxy:
     rewrite: Rewrite
     port: int = 0
     connections: int = 0
+    closed: int = 0  # connection pairs that ended (either side went away)
 
     async def _pipe_up(self, src: trio.SocketStream, dst: trio.SocketStream) -> None:
         async for data in src:
@@ -138,6 +139,7 @@ class Proxy:
         except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # either side went away; the proxy just drops the pair
         finally:
+            self.closed += 1
             await trio.aclose_forcefully(client)
 
     async def serve(self, *, task_status: trio.TaskStatus[int]) -> None:

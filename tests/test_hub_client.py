@@ -310,10 +310,6 @@ async def test_one_corrupted_reply_is_refetched_and_the_read_succeeds(export_dir
     assert metric("neuralcache_checksum_failures_total") == failures + 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fabric/client.py HubClient._request: when a request's own deadline passes before its reply, "
-    "it treats the shared connection as dead (the branch meant for attempt_timeout) and closes "
-    "it, so every other request in flight on it is lost and re-sent on a new connection"))
 @trio_test
 async def test_a_short_deadline_read_does_not_drop_the_shared_connection(export_dir: Path) -> None:
     big = entry(export_dir, BIG)
@@ -338,9 +334,10 @@ async def test_a_short_deadline_read_does_not_drop_the_shared_connection(export_
             async with trio.open_nursery() as readers:
                 readers.start_soon(impatient_read)
                 readers.start_soon(read_and_check, client, export_dir, BIG, 20, 1, 5.0)
+            # What must not happen is collateral damage to the other request and the connection
+            # (the pool may have dialled more connections, but none may have been dropped).
+            assert proxy.closed == 0
         nursery.cancel_scope.cancel()
-    # What must not happen is collateral damage to the other request and the connection.
-    assert proxy.connections == 1
     assert metric("neuralcache_hub_fetch_retries_total") == retries
 
 
