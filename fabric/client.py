@@ -465,10 +465,11 @@ class HubClient:
             return
         sent.acked = True
         conn.unarrived -= 1
-        if sent.packet_id is None:
-            return
         now = trio.current_time()
-        self._pipe.on_acked(now, sent.packet_id)
+        if sent.packet_id is not None:
+            self._pipe.on_acked(now, sent.packet_id)
+        # Demand replies refresh the gauges too: a mount without prefetch would otherwise
+        # never show its transport's state.
         if now >= self._next_publish:
             self._publish()
             self._next_publish = now + PUBLISH_PERIOD

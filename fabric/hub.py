@@ -113,6 +113,7 @@ class HubServer:
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         spoke: str | None = None
+        retransmissions = _Retransmissions(stream)
         try:
             if hasattr(stream, "setsockopt"):
                 tcp.configure(stream, self._tcp_congestion)
@@ -123,7 +124,7 @@ class HubServer:
             self._joined(spoke)
             outbox = _Outbox(OUTBOX_FRAMES)
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, stream, outbox)
+                nursery.start_soon(self._writer, stream, outbox, retransmissions)
                 await self._reader(reader, spoke, nursery, outbox)
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
@@ -134,6 +135,7 @@ class HubServer:
         finally:
             if spoke is not None:
                 self._left(spoke)
+            retransmissions.update()
             await trio.aclose_forcefully(stream)
 
     def _joined(self, spoke: str) -> None:
@@ -227,11 +229,28 @@ class HubServer:
         return [encode(MetaReply(req.req_id, tuple(chunk), i == len(chunks) - 1))
                 for i, chunk in enumerate(chunks)]
 
-    async def _writer(self, stream: trio.abc.Stream, outbox: _Outbox) -> None:
+    async def _writer(self, stream: trio.abc.Stream, outbox: _Outbox,
+                      retransmissions: _Retransmissions) -> None:
         async for frame, holds_slot in outbox.receive:
             await send_frame(stream, frame)
+            retransmissions.update()
             if holds_slot:
                 outbox.slots.release()
+
+
+class _Retransmissions:
+    """Feeds ``neuralcache_hub_retransmitted_bytes_total`` from one connection's kernel count,
+    looked at after each frame sent and once more as the connection closes."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._stream = stream
+        self._counted = 0
+
+    def update(self) -> None:
+        total = tcp.retransmitted_bytes(self._stream)
+        if total is not None and total > self._counted:
+            hub_metrics.HUB_RETRANSMITTED_BYTES.inc(total - self._counted)
+            self._counted = total
 
 
 def _error(req_id: int, code: str, message: str) -> Frame:

@@ -1,14 +1,49 @@
-"""Prometheus metrics of the hub block server, each defined once here."""
+"""Prometheus metrics of the hub block server, each defined once here, and the registry the hub's
+endpoint serves.
+
+The hub is one command of the same program as the spoke, so the spoke's metric modules are
+imported in the hub process too and register their metrics in the default registry. The hub
+therefore serves ``REGISTRY`` below: its own metrics, the shared protocol-error counter and
+the process' own figures, not a page of spoke metrics stuck at zero. Its metrics are in the
+default registry as well, where in-process tests read them.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from typing import TypeVar
 
-HUB_REQUESTS = Counter(
-    "neuralcache_hub_requests_total", "Requests the hub received, by kind.", ["kind"])
-HUB_SENT_BYTES = Counter(
-    "neuralcache_hub_sent_bytes_total", "Block bytes the hub sent to spokes.")
-HUB_ERRORS = Counter(
-    "neuralcache_hub_errors_total", "Requests the hub answered with an error, by code.", ["code"])
-HUB_CONNECTED_SPOKES = Gauge(
-    "neuralcache_hub_connected_spokes", "Spoke connections currently open on the hub.")
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, PlatformCollector,
+                               ProcessCollector)
+from prometheus_client.registry import Collector
+
+from . import metrics
+
+REGISTRY = CollectorRegistry()
+"""What ``neuralcache hub --metrics-port`` serves."""
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+REGISTRY.register(metrics.PROTOCOL_ERRORS)
+
+_C = TypeVar("_C", bound=Collector)
+
+
+def _served(collector: _C) -> _C:
+    REGISTRY.register(collector)
+    return collector
+
+
+HUB_REQUESTS = _served(Counter(
+    "neuralcache_hub_requests_total", "Requests the hub received, by kind.", ["kind"]))
+HUB_SENT_BYTES = _served(Counter(
+    "neuralcache_hub_sent_bytes_total", "Block bytes the hub sent to spokes."))
+HUB_ERRORS = _served(Counter(
+    "neuralcache_hub_errors_total", "Requests the hub answered with an error, by code.",
+    ["code"]))
+HUB_CONNECTED_SPOKES = _served(Gauge(
+    "neuralcache_hub_connected_spokes",
+    "Spokes (by the name they said hello with) holding at least one connection to the hub."))
+HUB_RETRANSMITTED_BYTES = _served(Counter(
+    "neuralcache_hub_retransmitted_bytes_total",
+    "Bytes the hub's TCP sent again after a loss on its spoke connections (tcpi_bytes_retrans); "
+    "over neuralcache_hub_sent_bytes_total it is the paths' loss rate."))

@@ -1,9 +1,13 @@
 """Prometheus metrics of the fabric shared by both ends and of the spoke's hub client, each defined once
-here (the hub server's own live in ``hub_metrics``, so a spoke does not export them)."""
+here (the hub server's own live in ``hub_metrics``, so a spoke does not export them), and the
+HTTP endpoint both processes serve them on. docs/metrics.md lists every metric."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (REGISTRY, CollectorRegistry, Counter, Gauge,
+                               disable_created_metrics, start_http_server)
 
 PROTOCOL_ERRORS = Counter(
     "neuralcache_protocol_errors_total",
@@ -55,3 +59,14 @@ FABRIC_REQUESTS = Counter(
     ["priority"])
 FABRIC_CONNECTIONS = Gauge(
     "neuralcache_fabric_connections", "Live connections to the hub, by role.", ["role"])
+
+
+def serve_metrics(port: int, addr: str, registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+    """Serve ``registry`` at ``http://addr:port/metrics`` from a background thread.
+
+    Counters and histograms lose their ``_created`` companion series: the Prometheus text
+    format has no use for them and they would double every counter's series.
+    """
+    disable_created_metrics()
+    server, _ = start_http_server(port, addr=addr, registry=registry)
+    return server

@@ -3,6 +3,9 @@ conventions: ``neuralcache_`` prefix, base units, ``_total`` counters)."""
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 SOURCE_CACHE = "cache"
@@ -22,6 +25,7 @@ READ_LATENCY = Histogram(
              1.0, 2.5, 5.0, 10.0))
 CACHE_USED_BYTES = Gauge("neuralcache_cache_used_bytes", "Block bytes held in the cache.")
 CACHE_CAPACITY_BYTES = Gauge("neuralcache_cache_capacity_bytes", "The cache's size limit.")
+CACHE_BLOCKS = Gauge("neuralcache_cache_blocks", "Blocks held in the cache.")
 CACHE_EVICTIONS = Counter("neuralcache_cache_evictions_total", "Blocks evicted from the cache.")
 CACHE_CORRUPT_BLOCKS = Counter(
     "neuralcache_cache_corrupt_blocks_total",
@@ -31,6 +35,10 @@ CACHE_WRITE_ERRORS = Counter(
     "Batches of blocks that could not be written to the cache (disk or map full).")
 METADATA_ENTRIES = Gauge(
     "neuralcache_metadata_entries", "Files, directories and symlinks in the namespace snapshot.")
+METADATA_SYNC_AGE = Gauge(
+    "neuralcache_metadata_sync_age_seconds",
+    "Seconds since the namespace snapshot was loaded from the hub (a mount serves one "
+    "snapshot: files added on the hub later appear after a remount).")
 FS_ERRORS = Counter(
     "neuralcache_fs_errors_total", "Filesystem requests answered with an error, by errno name.",
     ["errno"])
@@ -64,3 +72,13 @@ HINT_RECORDS = Counter(
 HINT_ERRORS = Counter(
     "neuralcache_prefetch_hint_errors_total",
     "Writes to the control file rejected as malformed hint data (EINVAL).")
+
+
+def metadata_loaded(entries: int, clock: Callable[[], float] = time.monotonic) -> None:
+    """Publish a namespace snapshot just loaded: its size, and an age that counts from now.
+
+    The age is computed at scrape time (monotonic, so a wall-clock step cannot make it jump).
+    """
+    loaded = clock()
+    METADATA_ENTRIES.set(entries)
+    METADATA_SYNC_AGE.set_function(lambda: clock() - loaded)

@@ -25,11 +25,13 @@ AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 
 _warned: set[str] = set()
 
-# struct tcp_info (include/uapi/linux/tcp.h): offsets of the fields arrivals.py reads.
+# struct tcp_info (include/uapi/linux/tcp.h): offsets of the fields arrivals.py and the hub's
+# retransmission counter read.
 _TCP_INFO_BYTES = 228  # up to and including tcpi_rcv_ooopack (Linux >= 5.4)
 _RCV_MSS = struct.Struct("=I")  # at 20
 _BYTES_RECEIVED = struct.Struct("=Q")  # at 128
 _DATA_SEGS_IN = struct.Struct("=I")  # at 152
+_BYTES_RETRANS = struct.Struct("=Q")  # at 208 (Linux >= 4.19)
 _RCV_OOOPACK = struct.Struct("=I")  # at 224
 
 
@@ -63,15 +65,28 @@ def configure(sock: socket.socket | object, congestion: str | None) -> str | Non
     return name.rstrip(b"\0").decode()
 
 
-def counters(sock: socket.socket | object) -> TcpCounters | None:
-    """The receive-side TCP_INFO counters of ``sock``; None where the kernel lacks them."""
+def _tcp_info(sock: socket.socket | object) -> bytes | None:
+    """``sock``'s TCP_INFO up to the last field read here; None if it is not a TCP socket or
+    the kernel is too old to fill it."""
     try:
         info = getattr(sock, "getsockopt")(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
     except (OSError, AttributeError):
         return None
-    if len(info) < _TCP_INFO_BYTES:
+    return info if len(info) >= _TCP_INFO_BYTES else None
+
+
+def counters(sock: socket.socket | object) -> TcpCounters | None:
+    """The receive-side TCP_INFO counters of ``sock``; None where the kernel lacks them."""
+    info = _tcp_info(sock)
+    if info is None:
         return None
     return TcpCounters(bytes_received=_BYTES_RECEIVED.unpack_from(info, 128)[0],
                        data_segs_in=_DATA_SEGS_IN.unpack_from(info, 152)[0],
                        ooo_packets=_RCV_OOOPACK.unpack_from(info, 224)[0],
                        rcv_mss=_RCV_MSS.unpack_from(info, 20)[0])
+
+
+def retransmitted_bytes(sock: socket.socket | object) -> int | None:
+    """Bytes ``sock`` has sent more than once since it opened; None where the kernel lacks it."""
+    info = _tcp_info(sock)
+    return None if info is None else _BYTES_RETRANS.unpack_from(info, 208)[0]
