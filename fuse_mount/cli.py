@@ -14,7 +14,9 @@ import trio
 
 from fabric.client import HubUnavailable
 from fabric.export import Export
+from fabric.metrics import serve_metrics
 
+from . import config, control_commands, sd_notify
 from .daemon import (DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_RTT, MountError, SpokeConfig,
                      run_spoke)
 from .namespace import NamespaceError
@@ -54,15 +56,17 @@ def _setup_logging(level: str) -> None:
 # --- hub -------------------------------------------------------------------------------------
 
 async def _run_hub(export: Export, host: str, port: int, metrics_port: int | None) -> None:
+    # Imported here so a spoke does not register hub metrics.
+    from fabric.hub import HubServer
+    from fabric.hub_metrics import REGISTRY
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-        start_http_server(metrics_port, addr=host)
-    from fabric.hub import HubServer  # imported here so a spoke does not register hub metrics
+        serve_metrics(metrics_port, host, REGISTRY)
     server = HubServer(export)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(server.serve, host, port)
         bound = listeners[0].socket.getsockname()
         print(f"hub: serving {export.root} on {bound[0]}:{bound[1]}", flush=True)
+        sd_notify.notify(READY=1, STATUS=f"serving {export.root} on {bound[0]}:{bound[1]}")
 
 
 def cmd_hub(args: argparse.Namespace) -> int:
@@ -123,8 +127,10 @@ def _mount_background(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "fuse_mount.cli", *sys.argv[1:], "--foreground",
             "--ready-fd", str(write_end)]
     with open(log_file, "ab") as log_out:
+        # A detached daemon is not the caller's service: it must not notify the caller's manager.
+        env = {k: v for k, v in os.environ.items() if k != sd_notify.NOTIFY_SOCKET}
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
-                         pass_fds=(write_end,), start_new_session=True)
+                         pass_fds=(write_end,), start_new_session=True, env=env)
     os.close(write_end)
     with os.fdopen(read_end) as answer:
         line = answer.readline().strip()
@@ -171,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="neuralcache", description=__doc__)
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML file of option defaults; flags override it "
+                             f"[${config.CONFIG_ENV} or {config.DEFAULT_PATH} if present]")
     sub = parser.add_subparsers(dest="command", required=True)
 
     hub = sub.add_parser("hub", help="export a directory to spokes")
@@ -219,11 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", help="where to put the dataset and cache [a temp dir]")
     demo.add_argument("--keep", action="store_true", help="keep the work directory")
     demo.set_defaults(func=cmd_demo)
+
+    control_commands.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = config.parse_args(build_parser(), argv)
     _setup_logging(args.log_level)
     try:
         return args.func(args)

@@ -19,16 +19,17 @@ from typing import BinaryIO, Callable
 
 import pyfuse3
 import trio
-from prometheus_client import start_http_server
 
 from fabric.client import HubClient
+from fabric.metrics import serve_metrics
 from neuralcache.events import LinkEstimate
 from neuralcache.trace import TraceWriter
 
-from . import metrics
+from . import metrics, sd_notify
 from .block_cache import BlockCache
-from .block_store import BlockKey, BlockStore
+from .block_store import BlockStore
 from .control import CONTROL_DIR
+from .control_socket import ControlServer
 from .fetcher import BlockFetcher
 from .filesystem import SpokeFilesystem
 from .namespace import Namespace
@@ -75,7 +76,9 @@ class SpokeConfig:
 def prepare_mountpoint(path: str) -> None:
     """Refuse bad mountpoints; clear a dead daemon's leftover mount."""
     try:
-        os.stat(path)
+        # statvfs, not stat: the kernel answers stat of a dead FUSE mount's root from its
+        # attribute cache, while statvfs always asks the daemon (ENOTCONN once it is gone).
+        os.statvfs(path)
     except OSError as exc:
         if exc.errno != errno.ENOTCONN:
             raise MountError(f"mountpoint {path}: {exc.strerror}") from None
@@ -129,11 +132,12 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
             await nursery.start(client.run)
             entries = await client.metadata(timeout=cfg.hub_timeout)
             namespace = Namespace(entries)
-            metrics.METADATA_ENTRIES.set(len(namespace))
+            metrics.metadata_loaded(len(namespace))
             if namespace.by_path(CONTROL_DIR) is not None:
                 log.warning("the export's %s is hidden by the mount's control directory",
                             CONTROL_DIR)
             cache = open_cache(cfg, namespace)
+            metrics.CACHE_BLOCKS.set_function(lambda: len(cache.policy))
             pump = None
             try:
                 await nursery.start(cache.run_writer)
@@ -148,6 +152,11 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
                                     measure_link=lambda: measured_link(client.stats()),
                                     trace=trace)
                 await nursery.start(pump.run)
+                # Before mounting: resolving the mountpoint later would ask this very process.
+                await nursery.start(ControlServer(
+                    mountpoint=os.path.realpath(cfg.mountpoint),
+                    hub=f"{cfg.hub_host}:{cfg.hub_port}", cache_dir=cfg.cache_dir,
+                    namespace=namespace, cache=cache, fetcher=fetcher, client=client).serve)
                 await _serve(cfg, SpokeFilesystem(namespace, fetcher, pump), nursery, ready)
                 nursery.cancel_scope.cancel()
             finally:
@@ -181,14 +190,16 @@ def _set_read_ahead(mountpoint: str) -> None:
 async def _announce_when_live(cfg: SpokeConfig, entries: int, ready: Callable[[str], None]) -> None:
     """Tell the caller we are ready only once the kernel has a working mount (it answers stat)."""
     await trio.to_thread.run_sync(_set_read_ahead, cfg.mountpoint)
-    ready(f"mounted {cfg.mountpoint} ({entries} entries from {cfg.hub_host}:{cfg.hub_port})")
+    message = f"mounted {cfg.mountpoint} ({entries} entries from {cfg.hub_host}:{cfg.hub_port})"
+    ready(message)
+    sd_notify.notify(READY=1, STATUS=message)
 
 
 async def _serve(cfg: SpokeConfig, fs: SpokeFilesystem, nursery: trio.Nursery,
                  ready: Callable[[str], None]) -> None:
     server = None
     if cfg.metrics_port is not None:
-        server, _ = start_http_server(cfg.metrics_port, addr=cfg.metrics_addr)
+        server = serve_metrics(cfg.metrics_port, cfg.metrics_addr)
     # Resolve paths before mounting: touching the mountpoint after init, before main() runs,
     # would ask this very process a question it cannot yet answer.
     record = MountRecord(os.getpid(), os.path.realpath(cfg.mountpoint), cfg.cache_dir,
@@ -203,6 +214,7 @@ async def _serve(cfg: SpokeConfig, fs: SpokeFilesystem, nursery: trio.Nursery,
         nursery.start_soon(_announce_when_live, cfg, len(fs.namespace), ready)
         await pyfuse3.main()
     finally:
+        sd_notify.notify(STOPPING=1, STATUS=f"unmounting {cfg.mountpoint}")
         pyfuse3.close(unmount=True)
         remove_record(record.mountpoint, record.pid)
         if server is not None:
