@@ -51,7 +51,7 @@ from bench.repro_loader import (SEQUENTIAL as ORDER_SEQUENTIAL, SHUFFLED as ORDE
                                 STEP_KINDS, STEP_SLEEP, LoopConfig, run_loop)
 from bench.repro_report import markdown, plot
 from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, RCLONE, SEQUENTIAL, SHUFFLED, SPOKE,
-                                   TARGETS, VARIANTS, WARM, Runs, Scenario, scenarios)
+                                   TARGETS, VARIANTS, Runs, Scenario, scenarios)
 from bench.repro_stats import (HINT_RECORDS, RunRecord, link_counter, metric_total, metrics_delta,
                                summarize)
 from bench.wan import SPOKE as SPOKE_SIDE, LinkSpec, WanLink, parse_rate, parse_rtt

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -62,6 +63,10 @@ def _hits(port: int) -> tuple[float, float]:
 
 def run_demo(workdir: str | None, keep: bool = False) -> int:
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="neuralcache-demo-"))
+    if base.is_dir() and any(base.iterdir()):
+        # The demo removes its work directory afterwards: never take a user's files with it.
+        print(f"demo: {base} is not empty; name a new or empty directory", file=sys.stderr)
+        return 2
     base.mkdir(parents=True, exist_ok=True)
     export = base / "export"
     export.mkdir(exist_ok=True)
