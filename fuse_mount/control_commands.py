@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from .control_client import ControlClient, ControlError, mount_of, only_mount, resolve_mount
 from .progress import ProgressMeter, render
 from .runtime import MountRecord, live_records
-from .status import format_status, human_bytes
+from .status import count_of, format_status, human_bytes
 
 WAIT_POLL = 0.5
 """Seconds between progress polls while ``warmup --wait`` watches."""
@@ -56,13 +56,13 @@ def _warmup_request(args: argparse.Namespace) -> tuple[MountRecord, dict[str, An
 
 def _accepted(reply: dict[str, Any]) -> None:
     job = reply["job"]
-    print(f"neuralcache: warm-up accepted: {job['files']} files, "
-          f"{human_bytes(job['total_bytes'])}")
+    print(f"neuralcache: warm-up accepted: {count_of(job['files'], 'file')}, "
+          f"{human_bytes(job['total_bytes'])}", flush=True)  # before the progress on stderr
     if reply["skipped"]:
         names = ", ".join(reply["skipped_paths"])
         more = f" and {reply['skipped'] - len(reply['skipped_paths'])} more" \
             if reply["skipped"] > len(reply["skipped_paths"]) else ""
-        print(f"neuralcache: {reply['skipped']} files of the profile are not in this mount "
+        print(f"neuralcache: {count_of(reply['skipped'], 'file')} of the profile not in this mount "
               f"(skipped): {names}{more}", file=sys.stderr)
     if job["total_bytes"] > reply["cache_capacity_bytes"]:
         print(f"neuralcache: warning: the warm-up ({human_bytes(job['total_bytes'])}) exceeds "
@@ -98,7 +98,7 @@ def _watch(client: ControlClient, out: TextIO) -> int:
     state = job["state"]
     if state == "done":
         print(f"neuralcache: warm-up done: {human_bytes(job['done_bytes'])} in "
-              f"{job['files']} files", file=out)
+              f"{count_of(job['files'], 'file')}", file=out)
         return 0
     if state == "cancelled":
         print("neuralcache: warm-up cancelled", file=out)
@@ -176,13 +176,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     except ControlError as exc:
         return _fail(str(exc))
     if args.cache_command == "drop":
-        print(f"neuralcache: dropped {reply['dropped_blocks']} cached blocks of "
-              f"{reply['files']} files")
+        print(f"neuralcache: dropped {count_of(reply['dropped_blocks'], 'cached block')} of "
+              f"{count_of(reply['files'], 'file')}")
         return 0
     corrupt = reply["corrupt_blocks"]
-    print(f"neuralcache: checked {reply['checked_blocks']} cached blocks of {reply['files']} "
-          f"files: " + (f"{corrupt} corrupt, dropped (they will be fetched again)" if corrupt
-                        else "none corrupt"))
+    print(f"neuralcache: checked {count_of(reply['checked_blocks'], 'cached block')} of "
+          f"{count_of(reply['files'], 'file')}: "
+          + (f"{corrupt} corrupt, dropped (they will be fetched again)" if corrupt
+             else "none corrupt"))
     return 1 if corrupt else 0
 
 

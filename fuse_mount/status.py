@@ -103,6 +103,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B" if unit == 0 else f"{n:.1f} {_BINARY_UNITS[unit]}"
 
 
+def count_of(n: int, noun: str) -> str:
+    """3, 'file' -> '3 files'; 1, 'file' -> '1 file'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def human_rate(bytes_per_second: float) -> str:
     """Link rates in Mbit/s, as the mount's ``--link-bandwidth`` takes them."""
     return f"{bytes_per_second * 8 / 1e6:.1f} Mbit/s"
@@ -120,7 +125,7 @@ def format_warmup(w: dict[str, Any]) -> str:
     if w["state"] == "idle":
         return "none"
     text = (f"{w['state']}: {human_bytes(w['done_bytes'])} of {human_bytes(w['total_bytes'])} "
-            f"in {w['files']} files")
+            f"in {count_of(w['files'], 'file')}")
     if w["failed_bytes"]:
         text += f", {human_bytes(w['failed_bytes'])} failed"
     return text
