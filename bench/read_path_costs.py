@@ -6,9 +6,13 @@ Writes ``--blocks`` random 4 KiB blocks into a fresh ``BlockStore`` (LMDB) the w
 writer does, then times in this one process, with the LMDB file in the page cache (so what is
 measured is CPU, as in the warm rows of ``bench.throughput``):
 
-- ``trio.to_thread.run_sync`` of a no-op: the worker-thread round trip of every cache lookup;
-- ``BlockStore.get_many`` called directly, for 256 keys (one 1 MiB FUSE read) and 4 (16 KiB);
-- ``BlockCache.get_many``: the same through the cache (thread hop, LRU and last-use stamps);
+- the round trip to a thread and back for a no-op: ``trio.to_thread.run_sync`` and the
+  cache's own ``ReaderThread`` (which every LMDB read of the cache goes through), left on any
+  CPU and, as the cache runs it, bound to the event loop's CPU;
+- ``BlockStore.get_many`` (a ``get`` and a copy per block) and ``BlockStore.read_run`` (one
+  cursor walk, one join), called directly, for 256 blocks (one 1 MiB FUSE read) and 4 (16 KiB);
+- ``BlockCache.read_run`` and ``BlockCache.get_many``: the same through the cache (thread hop,
+  LRU and last-use stamps);
 - ``BlockFetcher.read`` of 1 MiB and 16 KiB, every block a hit, cache writer running as in the
   daemon (it persists the stamps those hits leave);
 - for comparison, the same bytes stored as 64 KiB LMDB values with one checksum each (a layout
@@ -37,6 +41,7 @@ import xxhash
 from fabric.checksum import block_checksum
 from fabric.protocol import MetaEntry
 from fuse_mount.block_cache import BlockCache
+from fuse_mount.reader_thread import ReaderThread
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.fetcher import BlockFetcher
 from neuralcache.blocks import BLOCK_SIZE
@@ -122,7 +127,8 @@ def _extent_read(env: lmdb.Environment, first: int, count: int) -> bytes:
     return b"".join(parts)
 
 
-async def _measure(store: BlockStore, env: lmdb.Environment, blocks: int) -> list[str]:
+async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> list[str]:
+    store = cache.store
     entry = MetaEntry("data.bin", "f", 0o444, blocks * BLOCK_SIZE, 0, FILE_ID, VERSION)
     runs = blocks // MIB_BLOCKS
     slots = blocks // SMALL_BLOCKS
@@ -137,19 +143,37 @@ async def _measure(store: BlockStore, env: lmdb.Environment, blocks: int) -> lis
     def small(i: int) -> int:
         return (i * spread % slots) * SMALL_BLOCKS
 
+    reader, unpinned = ReaderThread(), ReaderThread(follow_loop_cpu=False)
     rows = [_row("trio.to_thread.run_sync(no-op) round trip",
                  await _best_async(lambda i: trio.to_thread.run_sync(lambda: None), 2000), None),
+            _row("ReaderThread.run(no-op) round trip, thread on any CPU",
+                 await _best_async(lambda i: unpinned.run(lambda: None), 2000), None),
+            _row("ReaderThread.run(no-op) round trip, on the loop's CPU",
+                 await _best_async(lambda i: reader.run(lambda: None), 2000), None),
             _row("BlockStore.get_many, 256 keys, direct",
                  _best(lambda i: store.get_many(keys(mib(i), MIB_BLOCKS)), 200), 1 << 20),
             _row("BlockStore.get_many, 4 keys, direct",
-                 _best(lambda i: store.get_many(keys(small(i), SMALL_BLOCKS)), 5000), 16384)]
-    cache = BlockCache(store, blocks * BLOCK_SIZE * 2)
+                 _best(lambda i: store.get_many(keys(small(i), SMALL_BLOCKS)), 5000), 16384),
+            _row("BlockStore.read_run, 256 blocks, direct",
+                 _best(lambda i: store.read_run(FILE_ID, VERSION, mib(i), MIB_BLOCKS), 300),
+                 1 << 20),
+            _row("BlockStore.read_run, 4 blocks, direct",
+                 _best(lambda i: store.read_run(FILE_ID, VERSION, small(i), SMALL_BLOCKS), 5000),
+                 16384)]
+    reader.close()
+    unpinned.close()
     rows += [_row("BlockCache.get_many, 256 keys",
                   await _best_async(lambda i: cache.get_many(keys(mib(i), MIB_BLOCKS)), 200),
                   1 << 20),
              _row("BlockCache.get_many, 4 keys",
                   await _best_async(lambda i: cache.get_many(keys(small(i), SMALL_BLOCKS)), 3000),
-                  16384)]
+                  16384),
+             _row("BlockCache.read_run, 256 blocks",
+                  await _best_async(lambda i: cache.read_run(FILE_ID, VERSION, mib(i),
+                                                             MIB_BLOCKS), 300), 1 << 20),
+             _row("BlockCache.read_run, 4 blocks",
+                  await _best_async(lambda i: cache.read_run(FILE_ID, VERSION, small(i),
+                                                             SMALL_BLOCKS), 3000), 16384)]
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run_writer)
         fetcher = BlockFetcher(cache, _NoHub(), nursery, hub_timeout=60.0)  # type: ignore[arg-type]
@@ -184,12 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = np.random.default_rng(1).bytes(args.blocks * BLOCK_SIZE)
         store = _fill_store(os.path.join(scratch, "blocks.lmdb"), args.blocks, data)
+        cache = BlockCache(store, args.blocks * BLOCK_SIZE * 2)
         env = _extent_env(os.path.join(scratch, "extents.lmdb"), args.blocks, data)
         try:
-            rows = trio.run(_measure, store, env, args.blocks)
+            rows = trio.run(_measure, cache, env, args.blocks)
         finally:
             env.close()
-            store.close()
+            cache.close()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"{args.blocks} blocks of 4 KiB in LMDB (page cache warm); best of {REPEATS} runs")

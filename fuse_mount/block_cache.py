@@ -3,11 +3,13 @@
 A block put into the cache is readable at once from memory; a background task writes the
 accumulated puts, evictions and last-use stamps to LMDB in one transaction per batch, in a
 worker thread. Readers therefore never wait on a write transaction, and the cache survives a
-restart (remounting over the same directory is warm).
+restart (remounting over the same directory is warm). Reads of LMDB run in one long-lived
+reader thread, so the event loop never waits for the disk.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Callable, Iterable
 
@@ -17,7 +19,8 @@ import trio
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
-from .block_store import BlockKey, BlockStore
+from .block_store import BlockKey, BlockStore, KeyTuple, run_keys
+from .reader_thread import ReaderThread
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +31,6 @@ MAX_BATCH_OPS = 4096
 
 _DELETED = None  # marker in the pending-ops map: the key was evicted
 
-
 class BlockCache:
     """Blocks by key, bounded by ``capacity`` bytes."""
 
@@ -37,12 +39,13 @@ class BlockCache:
         self.policy = LruPolicy(capacity)
         self._ops: dict[BlockKey, bytes | None] = {}  # not yet handed to the writer
         self._writing: dict[BlockKey, bytes | None] = {}  # being written right now
-        self._stamps: dict[BlockKey, int] = {}
+        self._stamps: dict[BlockKey | KeyTuple, int] = {}
         self._clock = 0
         self._work = trio.Event()
         self._write_lock = trio.Lock()
         self._on_dropped: Callable[[BlockKey], None] | None = None
         self._protected: Callable[[BlockKey], bool] | None = None
+        self._reader = ReaderThread()
         self._load_index()
 
     def watch(self, on_dropped: Callable[[BlockKey], None],
@@ -91,6 +94,40 @@ class BlockCache:
         self._update_gauges()
         return len(stale)
 
+    def _touch(self, keys: list[BlockKey] | list[KeyTuple]) -> None:
+        """Record a use of the held ones among ``keys``, in order (see ``_stamp``).
+
+        A block evicted or purged while its disk read ran is still correct to return, but
+        stamping it would leave a last-use row that nothing deletes: only held keys count.
+        """
+        held = self.policy.touch_many(keys)
+        self._stamps.update(zip(held, itertools.count(self._clock + 1)))
+        self._clock += len(held)
+
+    async def read_run(self, file_id: int, version: int, first: int, count: int) -> bytes | None:
+        """Blocks ``[first, first + count)`` of a file version, joined, if LMDB holds them all.
+
+        The warm read's fast path: one trip to the reader thread, one LMDB transaction, and
+        bookkeeping in bulk. None (often without leaving the loop) if the run's first or last
+        block is not held, a block of it waits in memory for the writer, or any block is
+        missing or damaged on disk: ``get_many`` then serves what there is, block by block,
+        and drops what is damaged.
+        """
+        if count <= 0:
+            return b""
+        keys = run_keys(file_id, version, first, count)
+        if keys[0] not in self.policy or keys[-1] not in self.policy:
+            return None
+        if ((self._ops and not self._ops.keys().isdisjoint(keys))
+                or (self._writing and not self._writing.keys().isdisjoint(keys))):
+            return None
+        data = await self._reader.run(self.store.read_run, file_id, version, first, count)
+        if data is not None:
+            # Bytes LMDB returned for a key are that key's, whatever happened to the policy
+            # meanwhile: keys name one version, and every checksum was verified.
+            self._touch(keys)
+        return data
+
     async def get_many(self, keys: Iterable[BlockKey]) -> dict[BlockKey, bytes]:
         """The blocks among ``keys`` that the cache holds."""
         found: dict[BlockKey, bytes] = {}
@@ -104,7 +141,7 @@ class BlockCache:
             else:
                 to_read.append(key)
         if to_read:
-            stored, corrupt = await trio.to_thread.run_sync(self.store.get_many, to_read)
+            stored, corrupt = await self._reader.run(self.store.get_many, to_read)
             found.update(stored)
             for key in corrupt:
                 log.error("cache block %s failed its checksum; dropping it", key)
@@ -113,12 +150,7 @@ class BlockCache:
                 self._record(key, _DELETED)
                 self._dropped(key)
             self._update_gauges()
-        for key in found:
-            # A block evicted or purged while its disk read ran is still correct to return, but
-            # stamping it would leave a last-use row that nothing deletes.
-            if key in self.policy:
-                self.policy.touch(key)
-                self._stamp(key)
+        self._touch(list(found))
         return found
 
     def put(self, key: BlockKey, data: bytes) -> None:
@@ -180,4 +212,5 @@ class BlockCache:
             await self._write_one_batch()
 
     def close(self) -> None:
+        self._reader.close()
         self.store.close()

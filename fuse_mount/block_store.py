@@ -8,11 +8,13 @@ damaged cache file costs a re-fetch, never wrong bytes.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from typing import Iterable, NamedTuple
 
 import lmdb
+import xxhash
 
 from fabric.checksum import block_checksum
 from fabric.protocol import CHECKSUM_BYTES
@@ -20,6 +22,9 @@ from neuralcache.blocks import BLOCK_SIZE
 
 _KEY = struct.Struct(">QQQ")
 _STAMP = struct.Struct(">Q")
+_CHECKSUM = struct.Struct(">Q")
+"""A stored checksum as an int: ``block_checksum`` is xxh3-64 packed this way, and comparing
+ints saves a bytes object per block on the range read."""
 
 PAGES_PER_BLOCK = 2
 """A 4 KiB block plus its checksum exceeds one 4 KiB LMDB page and lands on two overflow pages."""
@@ -38,6 +43,22 @@ class BlockKey(NamedTuple):
     @classmethod
     def unpack(cls, raw: bytes) -> "BlockKey":
         return cls(*_KEY.unpack(raw))
+
+
+KeyTuple = tuple[int, int, int]
+"""A block key as a plain tuple: equal to, and hashing like, the ``BlockKey`` it names."""
+
+
+def run_keys(file_id: int, version: int, first: int, count: int) -> list[KeyTuple]:
+    """The keys of blocks ``[first, first + count)`` of one file version, as plain tuples.
+
+    They find the same entries as ``BlockKey``s in dicts keyed by them, and cost less: built
+    in C (a 1 MiB read needs 256), and, unlike instances of a tuple subclass, left alone by
+    the garbage collector once it has seen them, so the last-use stamps that warm reads leave
+    behind in memory do not make every collection walk the whole cache.
+    """
+    return list(zip(itertools.repeat(file_id, count), itertools.repeat(version, count),
+                    range(first, first + count)))
 
 
 class IndexEntry(NamedTuple):
@@ -83,8 +104,37 @@ class BlockStore:
                     corrupt.append(key)
         return found, corrupt
 
+    def read_run(self, file_id: int, version: int, first: int, count: int) -> bytes | None:
+        """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
+        or None unless every one of them is stored and intact (``get_many`` then sorts out which).
+
+        One read transaction and one cursor walk over the neighbouring keys, the values taken as
+        views of LMDB's map and copied once, by the join: per block this costs a fraction of a
+        ``get`` and a ``bytes`` copy (``python -m bench.read_path_costs``).
+        """
+        if count <= 0:
+            return b""
+        with self.env.begin(db=self._blocks, buffers=True) as txn:
+            cursor = txn.cursor()
+            if not cursor.set_key(_KEY.pack(file_id, version, first)):
+                return None
+            values = list(itertools.islice(cursor.iternext(keys=False), count))
+            # Keys are unique and sorted: `count` values from the first key to the expected
+            # last one are exactly the run, with no block missing in between.
+            if len(values) != count or cursor.key() != _KEY.pack(file_id, version,
+                                                                  first + count - 1):
+                return None
+            parts = [value[CHECKSUM_BYTES:] for value in values]
+            try:
+                for value, part in zip(values, parts):
+                    if xxhash.xxh3_64_intdigest(part) != _CHECKSUM.unpack_from(value)[0]:
+                        return None
+            except struct.error:  # a damaged value shorter than its checksum
+                return None
+            return b"".join(parts)
+
     def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
-                    stamps: dict[BlockKey, int]) -> None:
+                    stamps: dict[BlockKey | KeyTuple, int]) -> None:
         """Apply one batch in one write transaction (all or nothing)."""
         with self.env.begin(write=True) as txn:
             for key, data in puts.items():
@@ -94,7 +144,7 @@ class BlockStore:
                 txn.delete(packed, db=self._blocks)
                 txn.delete(packed, db=self._stamps)
             for key, stamp in stamps.items():
-                txn.put(key.pack(), _STAMP.pack(stamp), db=self._stamps)
+                txn.put(_KEY.pack(*key), _STAMP.pack(stamp), db=self._stamps)
 
     def index(self) -> list[IndexEntry]:
         """Every cached block with its size and last-use stamp, least recently used first."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 import trio
 
@@ -23,6 +24,11 @@ from .block_cache import BlockCache
 from .block_store import BlockKey
 
 log = logging.getLogger(__name__)
+
+_CACHE_BYTES = metrics.READ_BYTES.labels(metrics.SOURCE_CACHE)
+_HUB_BYTES = metrics.READ_BYTES.labels(metrics.SOURCE_HUB)
+_CACHE_LATENCY = metrics.READ_LATENCY.labels(metrics.SOURCE_CACHE)
+_HUB_LATENCY = metrics.READ_LATENCY.labels(metrics.SOURCE_HUB)
 
 
 DEMAND, PREFETCH = "demand", "prefetch"
@@ -52,10 +58,11 @@ class BlockFetcher:
         self.hub_timeout = hub_timeout
         self._nursery = nursery
         self._inflight: dict[BlockKey, _Fetch] = {}
-
-    def in_flight(self, key: BlockKey) -> bool:
-        """True while a fetch of ``key`` (demand or prefetch) is on its way."""
-        return key in self._inflight
+        self.on_miss: Callable[[], None] = lambda: None
+        """Called when a read needs blocks the cache lacks, before it waits for them."""
+        self.in_flight: Callable[[BlockKey], bool] = self._inflight.__contains__
+        """True while a fetch of the key (demand or prefetch) is on its way (a plain function:
+        the prefetcher asks block by block)."""
 
     async def prefetch(self, entry: MetaEntry, first: int, count: int) -> bool:
         """Bring blocks ``[first, first + count)`` into the cache at prefetch priority.
@@ -79,6 +86,14 @@ class BlockFetcher:
         if span.count == 0:
             return b""
         started = trio.current_time()
+        start = offset - span.first * BLOCK_SIZE
+        whole = await self.cache.read_run(entry.file_id, entry.version, span.first, span.count)
+        if whole is not None:  # every block from the cache, in one piece
+            data = whole[start:start + length]
+            metrics.CACHE_HITS.inc(span.count)
+            _CACHE_BYTES.inc(len(data))
+            _CACHE_LATENCY.observe(trio.current_time() - started)
+            return data
         keys = [BlockKey(entry.file_id, entry.version, b) for b in range(span.first, span.end)]
         blocks = await self.cache.get_many(keys)
         from_cache = set(blocks)
@@ -86,8 +101,8 @@ class BlockFetcher:
         metrics.CACHE_HITS.inc(len(from_cache))
         if missing:
             metrics.CACHE_MISSES.inc(len(missing))
+            self.on_miss()
             blocks.update(await self._fetch(entry, missing))
-        start = offset - span.first * BLOCK_SIZE
         data = b"".join(blocks[k] for k in keys)[start:start + length]
         self._account(keys, from_cache, start, len(data), started)
         return data
@@ -101,10 +116,10 @@ class BlockFetcher:
                 lo = max(start, i * BLOCK_SIZE)
                 hi = min(start + length, (i + 1) * BLOCK_SIZE)
                 cached_bytes += max(0, hi - lo)
-        metrics.READ_BYTES.labels(metrics.SOURCE_CACHE).inc(cached_bytes)
-        metrics.READ_BYTES.labels(metrics.SOURCE_HUB).inc(length - cached_bytes)
-        source = metrics.SOURCE_CACHE if len(from_cache) == len(keys) else metrics.SOURCE_HUB
-        metrics.READ_LATENCY.labels(source).observe(trio.current_time() - started)
+        _CACHE_BYTES.inc(cached_bytes)
+        _HUB_BYTES.inc(length - cached_bytes)
+        latency = _CACHE_LATENCY if len(from_cache) == len(keys) else _HUB_LATENCY
+        latency.observe(trio.current_time() - started)
 
     async def _fetch(self, entry: MetaEntry, missing: list[BlockKey]) -> dict[BlockKey, bytes]:
         new = [k for k in missing if k not in self._inflight]

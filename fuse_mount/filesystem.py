@@ -26,6 +26,8 @@ from .namespace import Namespace, Node
 from .prefetch import PrefetchPump
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+_READS_OK = metrics.READS.labels("ok")
+_READS_FAILED = metrics.READS.labels("error")
 
 
 class SpokeFilesystem(pyfuse3.Operations):
@@ -140,9 +142,9 @@ class SpokeFilesystem(pyfuse3.Operations):
         try:
             data = await self.fetcher.read(entry, off, size)
         except Exception:
-            metrics.READS.labels("error").inc()
+            _READS_FAILED.inc()
             raise
-        metrics.READS.labels("ok").inc()
+        _READS_OK.inc()
         return data
 
     @fuse_handler

@@ -7,6 +7,13 @@ trace (``--record-trace``), hint records from the control file, completions of p
 fetches and a planning tick every ``TICK_INTERVAL``. One task owns the prefetcher, so its calls
 never interleave and none of them costs a reader anything but the append.
 
+A read that continues the previous read of its handle (a sequential stream, which the
+prefetcher already follows) does not wake the pump: while the pump has not taken it, the next
+continuation is merged into it, and the pump hands the merged read over on its next tick or
+wake. A miss wakes the pump at once (``BlockFetcher.on_miss``), so only warm hits wait, and
+for them the wait changes how often the prefetcher runs (once per tick rather than once per
+1 MiB read), not what it learns. With a trace recorded, reads are queued but never merged.
+
 Prefetches go through the BlockFetcher's single-flight map at prefetch priority, so a reader
 that reaches a block whose prefetch is on its way waits for that fetch; at most
 ``MAX_PREFETCH_FETCHES`` run at once, and the bytes in flight are the planner's own budget
@@ -71,19 +78,25 @@ def measured_link(stats: CongestionStats) -> LinkEstimate | None:
 
 class MountCacheView:
     """What the planner may ask of the cache, answered from memory: the LRU policy's keys and
-    the fetcher's in-flight map (never LMDB), with each file's snapshot version for the key."""
+    the fetcher's in-flight map (never LMDB), with each file's snapshot version for the key.
+
+    The planner asks block by block, hundreds of times per 1 MiB read it predicts past, so
+    ``contains`` is a dict lookup and two C-level membership tests.
+    """
 
     def __init__(self, namespace: Namespace, cache: BlockCache, fetcher: BlockFetcher) -> None:
-        self._namespace = namespace
+        self._versions = {e.file_id: e.version for e in namespace.files()}  # the snapshot's
         self._policy = cache.policy
-        self._fetcher = fetcher
+        self._held = cache.policy.holds
+        self._in_flight = fetcher.in_flight
 
     def contains(self, file_id: int, block: int) -> bool:
-        entry = self._namespace.file(file_id)
-        if entry is None:
+        version = self._versions.get(file_id)
+        if version is None:
             return True  # not a file of this snapshot: nothing to fetch
-        key = BlockKey(file_id, entry.version, block)
-        return key in self._policy or self._fetcher.in_flight(key)
+        # A plain tuple finds the same entries as the BlockKey it equals (see run_keys).
+        key = (file_id, version, block)
+        return self._held(key) or self._in_flight(key)
 
     def free_bytes(self) -> int:
         return self._policy.capacity - self._policy.used
@@ -123,6 +136,8 @@ class PrefetchPump:
             cache.watch(self._dropped, self._protected)
         self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()
         self._queued_reads = 0
+        self._stream_end: tuple[int, int, int] | None = None  # last read's (handle, file, end)
+        fetcher.on_miss = self.wake
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(MAX_PREFETCH_FETCHES)
         self._nursery: trio.Nursery | None = None
@@ -134,17 +149,32 @@ class PrefetchPump:
 
     # called from FUSE handlers -------------------------------------------------------------
     def on_read(self, fh: int, entry: MetaEntry, offset: int, length: int) -> None:
-        """A read arrived; queue it for the pump. This is all a read pays."""
+        """A read arrived; queue it for the pump (see the module docstring). This is all a
+        read pays."""
         if self.prefetcher is None and self._trace is None:
             return  # --no-prefetch without a trace: nobody wants the read
         started = time.perf_counter()
+        continues = self._stream_end == (fh, entry.file_id, offset)
+        self._stream_end = (fh, entry.file_id, offset + length)
+        inbox = self._inbox
+        if continues and self._trace is None and inbox and inbox[-1][0] == _READ:
+            _, at, last_fh, last_entry, last_offset, last_length = inbox[-1]
+            if last_fh == fh and last_entry is entry and last_offset + last_length == offset:
+                inbox[-1] = (_READ, at, fh, entry, last_offset, last_length + length)
+                self._queue_seconds += time.perf_counter() - started
+                return
         if self._queued_reads >= MAX_QUEUED_READS:
             metrics.PREFETCH_EVENTS_DROPPED.inc()
             return
-        self._inbox.append((_READ, trio.current_time(), fh, entry, offset, length))
+        inbox.append((_READ, trio.current_time(), fh, entry, offset, length))
         self._queued_reads += 1
-        self._wake.set()
+        if not continues:
+            self._wake.set()
         self._queue_seconds += time.perf_counter() - started
+
+    def wake(self) -> None:
+        """Hand the queued reads to the prefetcher now (a read missed: it may be behind)."""
+        self._wake.set()
 
     def on_hints(self, record: HintRecord) -> None:
         """A hint record decoded from the control file."""

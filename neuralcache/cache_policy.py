@@ -7,7 +7,7 @@ and lets tests drive it against a reference model without a disk.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable, Hashable, Iterable
 
 
@@ -20,6 +20,8 @@ class LruPolicy:
         self.capacity = capacity
         self.used = 0
         self._sizes: OrderedDict[Hashable, int] = OrderedDict()  # oldest first
+        self.holds: Callable[[Hashable], bool] = self._sizes.__contains__
+        """``key in policy`` as a plain function, for callers that ask block by block."""
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._sizes
@@ -31,6 +33,16 @@ class LruPolicy:
         """Mark ``key`` as just used (a no-op for keys not held)."""
         if key in self._sizes:
             self._sizes.move_to_end(key)
+
+    def touch_many(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """Mark the held ones among ``keys`` as just used, in the given order; returns them.
+
+        The same as ``touch`` on each key, in two passes that run in C: a 1 MiB read touches
+        256 blocks, and a Python-level call per block was a sizeable part of its cost.
+        """
+        held = list(filter(self._sizes.__contains__, keys))
+        deque(map(self._sizes.move_to_end, held), maxlen=0)
+        return held
 
     def insert(self, key: Hashable, size: int,
                protected: Callable[[Hashable], bool] | None = None) -> list[Hashable]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fabric.checksum import bad_blocks, block_checksum, range_checksums
 from fabric.protocol import CHECKSUM_BYTES
-from fuse_mount.block_store import BlockKey
+from fuse_mount.block_store import BlockKey, run_keys
 from neuralcache.blocks import (BLOCK_SIZE, KEY_SHIFT, BlockRange, block_count, block_key,
                                 block_length, block_span, blocks_for_read, contiguous_runs)
 
@@ -143,3 +143,13 @@ def test_bad_blocks_flags_everything_when_a_checksum_is_missing(data: bytes) -> 
 def test_bad_blocks_flags_everything_when_a_checksum_is_extra(data: bytes) -> None:
     sums = range_checksums(data) + bytes(CHECKSUM_BYTES)
     assert bad_blocks(data, sums) == list(range(block_count(len(data)) + 1))
+
+
+@given(file_id=U64, version=U64, first=st.integers(0, 2**40), count=st.integers(0, 300))
+def test_run_keys_name_the_same_blocks_as_block_keys(
+        file_id: int, version: int, first: int, count: int) -> None:
+    expected = [BlockKey(file_id, version, b) for b in range(first, first + count)]
+    got = run_keys(file_id, version, first, count)
+    assert got == expected
+    assert [hash(k) for k in got] == [hash(k) for k in expected]
+    assert {k: None for k in expected}.keys() >= set(got)  # they find BlockKey-keyed entries

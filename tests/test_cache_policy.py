@@ -63,6 +63,13 @@ class LruMachine(RuleBasedStateMachine):
         self.policy.touch(key)
         self.model.touch(key)
 
+    @rule(touched=st.lists(keys, max_size=6))
+    def touch_many(self, touched: list[int]) -> None:
+        held = [k for k in touched if k in self.policy]
+        assert self.policy.touch_many(touched) == held
+        for key in touched:
+            self.model.touch(key)
+
     @rule(key=keys)
     def remove(self, key: int) -> None:
         assert self.policy.remove(key) == self.model.remove(key)
@@ -72,7 +79,7 @@ class LruMachine(RuleBasedStateMachine):
         held = [k for k, _ in self.model.items]
         assert list(self.policy.oldest_first()) == held
         assert len(self.policy) == len(held)
-        assert all(k in self.policy for k in held)
+        assert all(k in self.policy and self.policy.holds(k) for k in held)
 
     @invariant()
     def used_is_exact_and_bounded(self) -> None:

@@ -1,0 +1,155 @@
+"""What a warm read costs the daemon: CPU time and sleeps per pass, spoke beside memfs.
+
+    python -m bench.daemon_cpu [--size 256M] [--random-reads 4096] [--rounds 2]
+                               [--mount-option OPT]... [--read-ahead-kb KB] [--workdir DIR]
+
+``bench.throughput`` says how fast; this says where the daemon's side of it goes. It fills a
+spoke cache once (a cold sequential pass), then runs the same read passes as
+``bench.throughput`` (``bench.read_pass``, 16 KiB reads, a fresh mount per pass), memfs and warm
+spoke interleaved, and for each pass reports, from ``/proc/PID``: the filesystem process's CPU
+seconds (user + system, all threads) and its voluntary and involuntary context switches per
+FUSE read. On two cores shared with others, CPU time per pass is steadier than MB/s, and the
+switches show what a thread hand-off per read costs. ``--read-ahead-kb`` overrides the mounts'
+readahead (both targets alike) after mounting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from bench import mount_procs
+from bench.read_pass import MB, RANDOM, READ_SIZE, SEQUENTIAL
+from bench.read_pass import run as run_pass
+from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, MIN_CACHE_SIZE, make_dataset,
+                              random_offsets)
+from fuse_mount.cli import parse_size
+
+DEFAULT_SIZE = "256M"
+DEFAULT_RANDOM_READS = 4096
+DEFAULT_ROUNDS = 2
+PASS_TIMEOUT = 300.0
+SEQUENTIAL_READ_BYTES = 1 << 20
+"""Sequential FUSE reads are ~1 MiB with the mount's 1 MiB readahead (bench.throughput counts
+them): a sequential figure per read is per this many bytes."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    cpu: float  # seconds, user + system
+    voluntary: int
+    involuntary: int
+
+    @classmethod
+    def of(cls, pid: int) -> "Usage":
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        voluntary = involuntary = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                for line in (task / "status").read_text().splitlines():
+                    name, _, value = line.partition(":")
+                    if name == "voluntary_ctxt_switches":
+                        voluntary += int(value)
+                    elif name == "nonvoluntary_ctxt_switches":
+                        involuntary += int(value)
+            except OSError:  # a thread that ended meanwhile
+                continue
+        return cls((int(fields[11]) + int(fields[12])) / ticks, voluntary, involuntary)
+
+    def __sub__(self, other: "Usage") -> "Usage":
+        return Usage(self.cpu - other.cpu, self.voluntary - other.voluntary,
+                     self.involuntary - other.involuntary)
+
+
+def _memfs_pid(mountpoint: str) -> int:
+    """The memfs process serving ``mountpoint`` (found by its command line)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"bench.memfs" in argv and os.fsencode(mountpoint) in argv:
+                return int(entry.name)
+    raise RuntimeError(f"no memfs process for {mountpoint}")
+
+
+def _set_read_ahead(path: str, kb: int | None) -> None:
+    if kb is not None:
+        dev = os.stat(path).st_dev
+        Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb").write_text(str(kb))
+
+
+def _measure(target: str, pattern: str, pid: int, path: str, offsets: str | None,
+             reads: int) -> str:
+    before = Usage.of(pid)
+    result = run_pass(pattern, path, offsets, PASS_TIMEOUT)
+    used = Usage.of(pid) - before
+    return (f"{target:<7}{pattern:<12}{result.mb_per_s:>8.0f} MB/s{used.cpu:>8.2f} s CPU"
+            f"{used.cpu / reads * 1e6:>9.0f} us/read{used.voluntary / reads:>9.2f}"
+            f"{used.involuntary / reads:>9.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.daemon_cpu",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=parse_size, default=parse_size(DEFAULT_SIZE))
+    parser.add_argument("--random-reads", type=int, default=DEFAULT_RANDOM_READS)
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--mount-option", action="append", default=[], metavar="OPT",
+                        help="extra argument for the spoke mount, e.g. "
+                             "--mount-option=--no-prefetch (repeatable)")
+    parser.add_argument("--read-ahead-kb", type=int,
+                        help="set both mounts' readahead to this after mounting")
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
+    args = parser.parse_args(argv)
+    if args.size % READ_SIZE:
+        parser.error("--size must be a multiple of 16 KiB")
+    mount_procs.exit_on_sigterm()
+    workdir = os.path.abspath(args.workdir)
+    data = make_dataset(workdir, args.size)
+    scratch = os.path.join(workdir, f"cpu-{os.getpid()}")
+    os.makedirs(scratch)
+    offsets = os.path.join(scratch, "offsets.npy")
+    np.save(offsets, random_offsets(args.size, args.random_reads))
+    cache, mountpoint = os.path.join(scratch, "cache"), os.path.join(scratch, "mnt")
+    spoke_options = ["--cache-size", str(max(MIN_CACHE_SIZE, 2 * args.size)), *args.mount_option]
+    reads = {SEQUENTIAL: max(1, args.size // SEQUENTIAL_READ_BYTES), RANDOM: args.random_reads}
+    print(f"load average (1 min) at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
+          f"per read: sequential = per 1 MiB FUSE read, random = per 16 KiB read")
+    print(f"{'target':<7}{'pattern':<12}{'speed':>13}{'daemon CPU':>14}{'CPU':>16}"
+          f"{'vol sw':>9}{'invol sw':>9}")
+    try:
+        with mount_procs.hub(os.path.dirname(data)) as hub:
+            with mount_procs.spoke(hub.address, cache, mountpoint, *spoke_options):
+                run_pass(SEQUENTIAL, os.path.join(mountpoint, DATA_NAME), None, PASS_TIMEOUT)
+            for _ in range(args.rounds):
+                for pattern in (SEQUENTIAL, RANDOM):
+                    pattern_offsets = offsets if pattern == RANDOM else None
+                    with mount_procs.memfs(data, mountpoint) as path:
+                        _set_read_ahead(path, args.read_ahead_kb)
+                        print(_measure("memfs", pattern, _memfs_pid(mountpoint), path,
+                                       pattern_offsets, reads[pattern]), flush=True)
+                    with mount_procs.spoke(hub.address, cache, mountpoint,
+                                           *spoke_options) as (spoke, _):
+                        pid = spoke.pid()
+                        assert pid is not None
+                        path = os.path.join(mountpoint, DATA_NAME)
+                        _set_read_ahead(path, args.read_ahead_kb)
+                        print(_measure("spoke", pattern, pid, path, pattern_offsets,
+                                       reads[pattern]), flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"load average (1 min) at end {os.getloadavg()[0]:.1f}; MB/s is {MB:.0e} bytes/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

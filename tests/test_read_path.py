@@ -1,0 +1,142 @@
+"""The warm read path without FUSE: the fetcher's one-piece cache read, and how reads reach the
+prefetch pump (continuations of a stream merged and left for the tick, everything else at once).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from fabric.protocol import MetaEntry
+from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_store import BlockKey, BlockStore
+from fuse_mount.fetcher import BlockFetcher
+from fuse_mount.namespace import Namespace
+from fuse_mount.prefetch import TICK_INTERVAL, PrefetchPump
+from neuralcache.blocks import BLOCK_SIZE
+from neuralcache.events import AccessEvent, LinkEstimate
+from tests.fabric_helpers import metric
+
+FILE_SIZE = 10 * BLOCK_SIZE + 123
+"""Ten full blocks and a short last one."""
+DATA = bytes(range(256)) * (FILE_SIZE // 256) + bytes(FILE_SIZE % 256)
+ENTRY = MetaEntry("data.bin", "f", 0o444, FILE_SIZE, 0, 7, 3)
+ROOT = MetaEntry("", "d", 0o755, 0, 0, 1, 1)
+
+
+class FakeHub:
+    """Serves DATA and counts what it was asked for."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int]] = []
+
+    async def read(self, file_id: int, version: int, first: int, count: int,
+                   **kwargs: Any) -> bytes:
+        self.reads.append((first, count))
+        return DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
+
+
+def open_cache(path: Path) -> BlockCache:
+    return BlockCache(BlockStore(str(path), 1 << 20), 1 << 20)
+
+
+def fill(cache: BlockCache, blocks: range) -> None:
+    for b in blocks:
+        cache.put(BlockKey(ENTRY.file_id, ENTRY.version, b),
+                  DATA[b * BLOCK_SIZE:(b + 1) * BLOCK_SIZE])
+
+
+@pytest.mark.parametrize("offset,length", [(0, FILE_SIZE), (5000, 3 * BLOCK_SIZE + 7),
+                                           (9 * BLOCK_SIZE + 100, 1 << 20), (0, 1)])
+def test_a_warm_read_comes_from_the_cache_in_one_piece(
+        tmp_path: Path, offset: int, length: int) -> None:
+    cache = open_cache(tmp_path)
+    hub = FakeHub()
+    misses: list[None] = []
+    cached_before = metric("neuralcache_read_bytes_total", {"source": "cache"})
+
+    async def main() -> bytes:
+        fill(cache, range(11))
+        await cache.flush()
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, hub, nursery, hub_timeout=5.0)  # type: ignore[arg-type]
+            fetcher.on_miss = lambda: misses.append(None)
+            data = await fetcher.read(ENTRY, offset, length)
+            nursery.cancel_scope.cancel()
+        return data
+
+    data = trio.run(main)
+    cache.close()
+    assert data == DATA[offset:offset + length]
+    assert hub.reads == [] and misses == []
+    assert metric("neuralcache_read_bytes_total", {"source": "cache"}) == cached_before + len(data)
+
+
+def test_a_read_missing_one_block_asks_the_hub_for_it_and_says_so(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    hub = FakeHub()
+    misses: list[None] = []
+
+    async def main() -> bytes:
+        fill(cache, range(0, 11, 2))  # every other block
+        await cache.flush()
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, hub, nursery, hub_timeout=5.0)  # type: ignore[arg-type]
+            fetcher.on_miss = lambda: misses.append(None)
+            data = await fetcher.read(ENTRY, BLOCK_SIZE, 2 * BLOCK_SIZE)
+            nursery.cancel_scope.cancel()
+        return data
+
+    assert trio.run(main) == DATA[BLOCK_SIZE:3 * BLOCK_SIZE]
+    cache.close()
+    assert hub.reads == [(1, 1)] and misses == [None]
+
+
+def test_continuing_reads_reach_the_prefetcher_merged_on_the_tick(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    seen: list[tuple[float, AccessEvent]] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
+                                   hub_timeout=5.0)
+            pump = PrefetchPump(Namespace([ROOT, ENTRY]), cache, fetcher, prefetch=True,
+                                link=LinkEstimate(25e6, 0.06))
+            assert pump.prefetcher is not None
+            pump.prefetcher.on_access = (  # type: ignore[method-assign]
+                lambda now, event: seen.append((now, event)) or [])
+            await nursery.start(pump.run)
+            await trio.sleep(TICK_INTERVAL / 2)  # between two ticks
+            started = trio.current_time()
+
+            pump.on_read(1, ENTRY, 0, BLOCK_SIZE)  # a new stream: handed over at once
+            await trio.testing.wait_all_tasks_blocked()
+            assert [e for _, e in seen] == [AccessEvent(1, ENTRY.file_id, 0, BLOCK_SIZE)]
+
+            for i in range(1, 4):  # its continuations wait, merged into one read
+                pump.on_read(1, ENTRY, i * BLOCK_SIZE, BLOCK_SIZE)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(seen) == 1
+            await trio.sleep(TICK_INTERVAL)
+            assert [e for _, e in seen[1:]] == [
+                AccessEvent(1, ENTRY.file_id, BLOCK_SIZE, 3 * BLOCK_SIZE)]
+            assert seen[1][0] - started <= TICK_INTERVAL
+
+            pump.on_read(1, ENTRY, 4 * BLOCK_SIZE, BLOCK_SIZE)  # continues, but misses:
+            fetcher.on_miss()  # the fetcher wakes the pump before it waits for the hub
+            await trio.testing.wait_all_tasks_blocked()
+            assert [e for _, e in seen[2:]] == [
+                AccessEvent(1, ENTRY.file_id, 4 * BLOCK_SIZE, BLOCK_SIZE)]
+
+            pump.on_read(2, ENTRY, 5 * BLOCK_SIZE, BLOCK_SIZE)  # another handle: at once
+            await trio.testing.wait_all_tasks_blocked()
+            assert [e for _, e in seen[3:]] == [
+                AccessEvent(2, ENTRY.file_id, 5 * BLOCK_SIZE, BLOCK_SIZE)]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    cache.close()
