@@ -94,6 +94,21 @@ class BlockCache:
         self._update_gauges()
         return len(stale)
 
+    def drop(self, keys: Iterable[BlockKey]) -> int:
+        """Forget the held ones among ``keys`` (``neuralcache cache drop``); returns how many.
+
+        Unlike ``purge`` it looks only at the keys given, and it tells the watcher, so the
+        prefetcher knows those blocks must be fetched again.
+        """
+        dropped = 0
+        for key in keys:
+            if self.policy.remove(key):
+                self._record(key, _DELETED)
+                self._dropped(key)
+                dropped += 1
+        self._update_gauges()
+        return dropped
+
     def _touch(self, keys: list[BlockKey] | list[KeyTuple]) -> None:
         """Record a use of the held ones among ``keys``, in order (see ``_stamp``).
 

@@ -42,6 +42,8 @@ RECEIVE_BYTES = 65536
 """Bytes read from a client per receive."""
 VERIFY_BATCH = 1024
 """Blocks read back per cache lookup during ``cache verify`` (4 MiB held at a time)."""
+DROP_BATCH = 16384
+"""Blocks ``cache drop`` forgets between two chances for reads to run (64 MiB, a few ms)."""
 MAX_SKIPPED_REPORTED = 20
 """Paths of a profile missing from the mount named in the reply (the count is always given)."""
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -212,8 +214,14 @@ class ControlServer:
 
     async def _cache_drop(self, request: dict[str, Any]) -> dict[str, Any]:
         files = await self._files(request)
-        versions = {(e.file_id, e.version) for e in files}
-        dropped = self.cache.purge(lambda key: (key.file_id, key.version) not in versions)
+        dropped = 0
+        for entry in files:
+            blocks = block_count(entry.size)
+            for first in range(0, blocks, DROP_BATCH):
+                dropped += self.cache.drop(
+                    BlockKey(entry.file_id, entry.version, b)
+                    for b in range(first, min(blocks, first + DROP_BATCH)))
+                await trio.sleep(0)  # let reads in between batches of a large file
         return {"files": len(files), "dropped_blocks": dropped}
 
     async def _cache_verify(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -150,6 +150,18 @@ class BlockCacheMachine(RuleBasedStateMachine):
         for k in [k for k in self.model if not keep(k)]:
             del self.model[k]
 
+    @rule(keys=st.lists(block_keys, max_size=6))
+    def drop(self, keys: list[BlockKey]) -> None:
+        before = self.held()
+        told: list[BlockKey] = []
+        self.cache.watch(told.append, lambda key: False)
+        gone = [k for k in before if k in set(keys)]
+        assert self.cache.drop(keys) == len(gone)
+        assert sorted(told) == sorted(gone)  # the prefetcher hears of every dropped block
+        assert self.held() == [k for k in before if k not in set(keys)]
+        for k in gone:
+            del self.model[k]
+
     @invariant()
     def used_bytes_match_the_held_blocks(self) -> None:
         held = self.held()
