@@ -7,18 +7,16 @@ trace (``--record-trace``), hint records from the control file, completions of p
 fetches and a planning tick every ``TICK_INTERVAL``. One task owns the prefetcher, so its calls
 never interleave and none of them costs a reader anything but the append.
 
-A read that continues the previous read of its handle (a sequential stream, which the
-prefetcher already follows) does not wake the pump: while the pump has not taken it, the next
-continuation is merged into it, and the pump hands the merged read over on its next tick or
-wake. A miss wakes the pump at once (``BlockFetcher.on_miss``), so only warm hits wait, and
-for them the wait changes how often the prefetcher runs (once per tick rather than once per
-1 MiB read), not what it learns. With a trace recorded, reads are queued but never merged.
+A read does not wake the pump; a miss does (``BlockFetcher.on_miss``), so only cache hits
+wait, at most one tick, and for them the wait changes how often the prefetcher runs (once per
+tick for a batch of reads rather than once per read), not what it learns. A read that
+continues the previous read of its handle (a sequential stream) is merged into it while the
+pump has not taken it. With a trace recorded, reads are queued but never merged.
 
 Prefetches go through the BlockFetcher's single-flight map at prefetch priority, so a reader
-that reaches a block whose prefetch is on its way waits for that fetch; at most
-``MAX_PREFETCH_FETCHES`` run at once, and the bytes in flight are the planner's own budget
-(one bandwidth-delay product plus a short queue), which each completion frees. Every request
-is reported back, fetched, failed or skipped. The link estimate given to the planner on each
+that reaches a block whose prefetch is on its way waits for that fetch; the bytes in flight
+are the planner's own budget (one bandwidth-delay product plus a short queue), which each
+completion frees. Every request is reported back, fetched, failed or skipped. The link estimate given to the planner on each
 tick is the hub client's congestion model (bottleneck bandwidth, minimum RTT) once it has
 one, the configured ``--link-bandwidth``/``--link-rtt`` until then.
 """
@@ -60,9 +58,13 @@ has fallen behind, and by the time it got to them they would describe the past."
 PUMP_BATCH = 8
 """Messages the pump handles between checkpoints: at 20-75 us each, a FUSE request that became
 ready meanwhile waits at most about half a millisecond."""
-MAX_PREFETCH_FETCHES = 32
-"""Prefetch requests fetching at once (the planner caps their bytes; this caps hub requests):
-32 requests of up to 256 KiB fill the 4 MiB budget of a 200 Mbit/s, 60 ms link."""
+MAX_PREFETCH_FETCHES = 1024
+"""Prefetch requests fetching at once. The planner's byte budget is the limit that matters;
+this one only bounds tasks, so it must not bind before the budget does even when every
+request is small: a hinted shuffle asks for one 16 KiB sample per request, and at 32 requests
+(512 KiB in flight, ~8 MB/s over 60 ms) the prefetch fell behind the loader, its link estimate
+fell with it (an app-limited controller measures what it is given) and most reads became
+demand fetches. 1024 requests of one 4 KiB block fill a 4 MiB budget."""
 TRACE_FLUSH_INTERVAL = 1.0
 """Seconds between trace flushes, so a killed daemon leaves at most this much unrecorded."""
 
@@ -168,8 +170,6 @@ class PrefetchPump:
             return
         inbox.append((_READ, trio.current_time(), fh, entry, offset, length))
         self._queued_reads += 1
-        if not continues:
-            self._wake.set()
         self._queue_seconds += time.perf_counter() - started
 
     def wake(self) -> None:

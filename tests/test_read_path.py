@@ -96,7 +96,7 @@ def test_a_read_missing_one_block_asks_the_hub_for_it_and_says_so(tmp_path: Path
     assert hub.reads == [(1, 1)] and misses == [None]
 
 
-def test_continuing_reads_reach_the_prefetcher_merged_on_the_tick(tmp_path: Path) -> None:
+def test_hits_reach_the_prefetcher_on_the_tick_merged_and_misses_at_once(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     seen: list[tuple[float, AccessEvent]] = []
 
@@ -113,29 +113,28 @@ def test_continuing_reads_reach_the_prefetcher_merged_on_the_tick(tmp_path: Path
             await trio.sleep(TICK_INTERVAL / 2)  # between two ticks
             started = trio.current_time()
 
-            pump.on_read(1, ENTRY, 0, BLOCK_SIZE)  # a new stream: handed over at once
-            await trio.testing.wait_all_tasks_blocked()
-            assert [e for _, e in seen] == [AccessEvent(1, ENTRY.file_id, 0, BLOCK_SIZE)]
-
-            for i in range(1, 4):  # its continuations wait, merged into one read
+            for i in range(4):  # a read and its continuations wait, merged into one read
                 pump.on_read(1, ENTRY, i * BLOCK_SIZE, BLOCK_SIZE)
             await trio.testing.wait_all_tasks_blocked()
-            assert len(seen) == 1
+            assert seen == []
             await trio.sleep(TICK_INTERVAL)
-            assert [e for _, e in seen[1:]] == [
-                AccessEvent(1, ENTRY.file_id, BLOCK_SIZE, 3 * BLOCK_SIZE)]
-            assert seen[1][0] - started <= TICK_INTERVAL
+            assert [e for _, e in seen] == [AccessEvent(1, ENTRY.file_id, 0, 4 * BLOCK_SIZE)]
+            assert seen[0][0] - started <= TICK_INTERVAL
 
             pump.on_read(1, ENTRY, 4 * BLOCK_SIZE, BLOCK_SIZE)  # continues, but misses:
             fetcher.on_miss()  # the fetcher wakes the pump before it waits for the hub
             await trio.testing.wait_all_tasks_blocked()
-            assert [e for _, e in seen[2:]] == [
+            assert [e for _, e in seen[1:]] == [
                 AccessEvent(1, ENTRY.file_id, 4 * BLOCK_SIZE, BLOCK_SIZE)]
 
-            pump.on_read(2, ENTRY, 5 * BLOCK_SIZE, BLOCK_SIZE)  # another handle: at once
+            pump.on_read(2, ENTRY, 5 * BLOCK_SIZE, BLOCK_SIZE)  # another handle, a hit:
+            pump.on_read(1, ENTRY, 9 * BLOCK_SIZE, BLOCK_SIZE)  # kept apart, on the tick
             await trio.testing.wait_all_tasks_blocked()
-            assert [e for _, e in seen[3:]] == [
-                AccessEvent(2, ENTRY.file_id, 5 * BLOCK_SIZE, BLOCK_SIZE)]
+            assert len(seen) == 2
+            await trio.sleep(TICK_INTERVAL)
+            assert [e for _, e in seen[2:]] == [
+                AccessEvent(2, ENTRY.file_id, 5 * BLOCK_SIZE, BLOCK_SIZE),
+                AccessEvent(1, ENTRY.file_id, 9 * BLOCK_SIZE, BLOCK_SIZE)]
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
