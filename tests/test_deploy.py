@@ -189,6 +189,20 @@ def _run_script(env: dict[str, str]) -> subprocess.CompletedProcess:
     return result
 
 
+def test_lifecycle_script_without_an_install_or_a_package_says_so(tmp_path: Path) -> None:
+    env = {**os.environ, "NEURALCACHE_HUB": "127.0.0.1:1",
+           "NEURALCACHE_MOUNTPOINT": str(tmp_path / "mnt"),
+           "NEURALCACHE_CACHE_DIR": str(tmp_path / "cache"),
+           "NEURALCACHE_CONFIG": str(tmp_path / "neuralcache.toml"),
+           "NEURALCACHE_VENV": str(tmp_path / "venv"), "NEURALCACHE_INIT": "direct"}
+    env.pop("NEURALCACHE_PACKAGE", None)
+    result = subprocess.run(["bash", str(DEPLOY / "on_create.sh")], env=env, capture_output=True,
+                            text=True, timeout=SCRIPT_TIMEOUT)
+    assert result.returncode == 1
+    assert "has no neuralcache: pass --package" in result.stderr
+    assert not (tmp_path / "venv").exists()  # nothing installed from a guessed name
+
+
 @needs_fuse
 def test_lifecycle_script_is_idempotent_and_repairs_a_dead_mount(
         tmp_path: Path, hub: Hub, export: tuple[Path, dict[str, bytes]]) -> None:

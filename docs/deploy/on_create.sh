@@ -12,7 +12,8 @@
 #   --metrics-addr ADDR    NEURALCACHE_METRICS_ADDR  [0.0.0.0, so Prometheus can scrape the node]
 #   --config FILE          NEURALCACHE_CONFIG        [/etc/neuralcache/neuralcache.toml]
 #   --venv DIR             NEURALCACHE_VENV          [/opt/neuralcache/venv]
-#   --package SPEC         NEURALCACHE_PACKAGE       [neuralcache: a pip requirement, e.g. a wheel]
+#   --package SPEC         NEURALCACHE_PACKAGE       what pip installs: a wheel path or URL, or a
+#                                                    checkout; required when VENV lacks neuralcache
 #   --upgrade              NEURALCACHE_UPGRADE=1     reinstall the package even if present
 #   --init MODE            NEURALCACHE_INIT          [auto]: systemd if it runs the node, else direct
 #   --wait SECONDS         NEURALCACHE_WAIT          [120]: how long to wait for the mount
@@ -32,7 +33,7 @@ metrics_port=${NEURALCACHE_METRICS_PORT-9477}
 metrics_addr=${NEURALCACHE_METRICS_ADDR:-0.0.0.0}
 config=${NEURALCACHE_CONFIG:-/etc/neuralcache/neuralcache.toml}
 venv=${NEURALCACHE_VENV:-/opt/neuralcache/venv}
-package=${NEURALCACHE_PACKAGE:-neuralcache}
+package=${NEURALCACHE_PACKAGE:-}
 upgrade=${NEURALCACHE_UPGRADE:-0}
 init=${NEURALCACHE_INIT:-auto}
 wait_s=${NEURALCACHE_WAIT:-120}
@@ -112,6 +113,8 @@ else
 fi
 
 if [ ! -x "$venv/bin/neuralcache" ] || [ "$upgrade" = 1 ]; then
+    # No default: NeuralCache is not on PyPI, and a bare name could install someone else's project.
+    [ -n "$package" ] || die "$venv has no neuralcache: pass --package WHEEL|URL|DIR (or set NEURALCACHE_PACKAGE)"
     command -v dpkg-query >/dev/null && apt_install "${build_packages[@]}"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     say "installing $package into $venv"
