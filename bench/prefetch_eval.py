@@ -6,8 +6,11 @@ with the job's hints, and an oracle that knows the trace - replays the reads thr
 ``bench/prefetch_sim.py`` and reports the demand hit ratio (overall, first epoch, later epochs),
 prefetch accuracy (useful / issued), coverage (useful / (useful + demand-fetched)), timeliness
 (useful prefetches that arrived before their read), wasted bytes (as a share of all bytes
-fetched), the run's slowdown against the trace's own timing, and the predictor's cost per read.
-Writes one markdown table and a plot of hit ratio over time per trace.
+fetched), bytes the link carried per byte read, the run's slowdown against the trace's own
+timing, and the predictor's cost per read. Writes one markdown table and a plot of hit ratio
+over time per trace. ``--max-prefetch-requests``, ``--no-promote`` and ``--hedge-blocks`` add
+the real mount's limits to the ideal link (``prefetch_sim.MountModel``), one at a time or
+together, to see what each costs on a recorded trace.
 
     python -m bench.prefetch_eval                 # full: 256 MiB data sets, a few minutes
     python -m bench.prefetch_eval --quick         # 64 MiB data sets, under a minute
@@ -22,7 +25,7 @@ import time
 from typing import Callable
 
 from bench.prefetch_baselines import KernelReadahead, NoPrefetch, Oracle
-from bench.prefetch_sim import BINS, LinkModel, Policy, Result, SimCache, Simulation
+from bench.prefetch_sim import BINS, LinkModel, MountModel, Policy, Result, SimCache, Simulation
 from bench.traces import FULL_BYTES, QUICK_BYTES, TRACE_NAMES, generate
 from neuralcache.catalog import Catalog
 from neuralcache.prefetcher import PrefetchConfig, Prefetcher
@@ -73,14 +76,15 @@ def cache_bytes(trace: Trace) -> int:
     return int(trace.data_bytes * fraction)
 
 
-def evaluate(trace: Trace, policies: list[str], link: LinkModel, elastic: bool = True
-             ) -> dict[str, Result]:
+def evaluate(trace: Trace, policies: list[str], link: LinkModel, elastic: bool = True,
+             mount: MountModel = MountModel()) -> dict[str, Result]:
     """Run every policy over one trace."""
     out = {}
     for name in policies:
         if name == "ours+hints" and not trace.hints:
             continue
-        sim = Simulation(trace, policy_factory(name, trace), link, cache_bytes(trace), elastic)
+        sim = Simulation(trace, policy_factory(name, trace), link, cache_bytes(trace), elastic,
+                         mount)
         out[name] = sim.run()
     return out
 
@@ -92,9 +96,9 @@ def _pct(x: float) -> str:
 def table(results: dict[str, dict[str, Result]]) -> str:
     """The markdown table."""
     head = ("| trace | policy | hit % | epoch 1 hit % | later epochs hit % | accuracy % | "
-            "coverage % | timeliness % | wasted % of fetched | time / trace time | "
-            "µs per read |")
-    lines = [head, "|" + "---|" * 11]
+            "coverage % | timeliness % | wasted % of fetched | link bytes / read | "
+            "time / trace time | µs per read |")
+    lines = [head, "|" + "---|" * 12]
     for tname, per_policy in results.items():
         for pname, r in per_policy.items():
             later_h = sum(r.epoch_hits[1:])
@@ -108,7 +112,7 @@ def table(results: dict[str, dict[str, Result]]) -> str:
                 f"{_pct(r.accuracy) if prefetches else ''} | "
                 f"{_pct(r.coverage) if prefetches else ''} | "
                 f"{_pct(r.timeliness) if prefetches else ''} | "
-                f"{_pct(r.wasted_share) if prefetches else ''} | "
+                f"{_pct(r.wasted_share) if prefetches else ''} | {r.link_per_read:.2f} | "
                 f"{r.makespan / max(r.trace_span, 1e-9):.2f} | {us} |")
     return "\n".join(lines)
 
@@ -185,10 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mbit", type=float, default=200.0)
     parser.add_argument("--open-loop", action="store_true",
                         help="replay timestamps as recorded instead of elastically")
+    parser.add_argument("--max-prefetch-requests", type=int,
+                        help="mount model: prefetch requests fetching at once [no cap]")
+    parser.add_argument("--no-promote", action="store_true",
+                        help="mount model: a read waits for a queued prefetch, unpromoted")
+    parser.add_argument("--hedge-blocks", type=int, default=0,
+                        help="mount model: demand fetches up to this many blocks are sent twice")
     parser.add_argument("--plot", default="docs/prefetch-hit-ratio.png")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args(argv)
     link = LinkModel(rtt=args.rtt_ms / 1000, bandwidth=args.mbit * 1e6 / 8)
+    mount = MountModel(args.max_prefetch_requests, not args.no_promote, args.hedge_blocks)
     size = QUICK_BYTES if args.quick else FULL_BYTES
     results: dict[str, dict[str, Result]] = {}
     started = time.perf_counter()
@@ -198,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, load in sources:
         t0 = time.perf_counter()
         trace = load()
-        results[name] = evaluate(trace, args.policies, link, elastic=not args.open_loop)
+        results[name] = evaluate(trace, args.policies, link, elastic=not args.open_loop,
+                                 mount=mount)
         print(f"{name}: {len(trace.reads)} reads, {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
     command = "python -m bench.prefetch_eval" + (" " + " ".join(argv or sys.argv[1:])).rstrip()

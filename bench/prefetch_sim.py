@@ -10,6 +10,12 @@ complete before its next one, and keeps the trace's think time between them, so 
 reader down as they would in a real run instead of piling up. ``elastic=False`` replays the
 timestamps as recorded (open loop). The cache is LRU over 4 KiB blocks and never evicts a block
 the policy protects (prefetched, not yet read) while it has another choice.
+
+``MountModel`` adds what a real mount does beyond that ideal, to tell which of its limits costs
+what: a cap on prefetch requests fetching at once (the rest wait, unseen by the reads' fetch
+path, as in the mount's pump), reads that wait for a queued prefetch instead of promoting it,
+and small demand fetches sent twice (the hub client's hedged reads). ``Result.link_bytes``
+counts every byte the link carried, so bytes moved per byte read can be compared.
 """
 
 from __future__ import annotations
@@ -48,6 +54,15 @@ class Policy(Protocol):
     def on_evicted(self, file_id: int, first: int, count: int = 1) -> None: ...
     def is_protected(self, file_id: int, block: int) -> bool: ...
     def plan(self, now: float, link: LinkEstimate | None = None) -> list[PrefetchRequest]: ...
+
+
+@dataclass(frozen=True)
+class MountModel:
+    """The mount's own limits on top of the ideal link (the defaults are the ideal)."""
+
+    max_prefetch_requests: int | None = None  # prefetch requests fetching at once; more wait
+    promote: bool = True  # a read of a queued prefetch sends its rest at demand priority
+    hedge_blocks: int = 0  # demand fetches of up to this many blocks cross the link twice
 
 
 @dataclass(frozen=True)
@@ -113,9 +128,10 @@ class Transfer:
 class Link:
     """Demand lane with strict priority; the prefetch lane fills the gaps (see module doc)."""
 
-    def __init__(self, model: LinkModel) -> None:
+    def __init__(self, model: LinkModel, hedge_blocks: int = 0) -> None:
         self.rtt = model.rtt
         self.bw = model.bandwidth
+        self.hedge_blocks = hedge_blocks
         self.demand_end = 0.0
         self.busy: deque[tuple[float, float]] = deque()  # demand serialisation intervals
         self.queue: deque[Transfer] = deque()  # prefetches waiting or partly sent
@@ -126,16 +142,32 @@ class Link:
 
     def demand(self, now: float, transfer: Transfer) -> float:
         start = max(self.demand_end, now + self.rtt / 2)
-        end = start + transfer.remaining / self.bw
+        done = start + transfer.remaining / self.bw
+        copies = 2 if 0 < len(transfer.keys) <= self.hedge_blocks else 1
+        end = start + copies * transfer.remaining / self.bw  # a hedge's twin follows it
         self.demand_end = end
         if self.busy and self.busy[-1][1] >= start:
             self.busy[-1] = (self.busy[-1][0], end)
         else:
             self.busy.append((start, end))
-        self.bytes_sent += transfer.remaining
+        self.bytes_sent += copies * transfer.remaining
         transfer.remaining = 0
-        self._arrive(transfer, end + self.rtt / 2)
+        self._arrive(transfer, done + self.rtt / 2)
         return transfer.arrival  # type: ignore[return-value]
+
+    def expected_arrival(self, transfer: Transfer) -> float:
+        """When a queued prefetch arrives if nothing more is sent before it (demand to come
+        would only delay it): what a reader waiting for it, unpromoted, waits until."""
+        if transfer.arrival is not None:
+            return transfer.arrival
+        c = max(self.cursor, self.demand_end)
+        for tr in self.queue:
+            if tr.cancelled:
+                continue
+            c = max(c, tr.ready_at) + tr.remaining / self.bw
+            if tr is transfer:
+                break
+        return c + self.rtt / 2
 
     def prefetch(self, now: float, transfer: Transfer) -> None:
         transfer.ready_at = now + self.rtt / 2
@@ -192,6 +224,8 @@ class Result:
     hit_blocks: int = 0
     demand_fetched: int = 0
     prefetched: int = 0
+    link_bytes: int = 0  # every byte the link carried (hedged demand twice)
+    read_bytes: int = 0  # bytes the trace's reads asked for
     useful_on_time: int = 0
     useful_late: int = 0
     wasted: int = 0
@@ -227,6 +261,11 @@ class Result:
     def wasted_share(self) -> float:
         return self.wasted / max(self.prefetched + self.demand_fetched, 1)
 
+    @property
+    def link_per_read(self) -> float:
+        """Bytes moved over the link per byte read: 1.0 when each block crosses once."""
+        return self.link_bytes / max(self.read_bytes, 1)
+
     def epoch_ratio(self, e: int) -> float:
         return self.epoch_hits[e] / max(self.epoch_total[e], 1)
 
@@ -235,10 +274,14 @@ class Simulation:
     """Replays one trace against one policy; see the module docstring."""
 
     def __init__(self, trace: Trace, make_policy: Callable[[Catalog, SimCache], Policy],
-                 link: LinkModel, cache_bytes: int, elastic: bool = True) -> None:
+                 link: LinkModel, cache_bytes: int, elastic: bool = True,
+                 mount: MountModel = MountModel()) -> None:
         self.trace = trace
         self.link_model = link
-        self.link = Link(link)
+        self.mount = mount
+        self.link = Link(link, mount.hedge_blocks)
+        self._fetching = 0  # prefetch transfers on their way (the mount's capped count)
+        self._parked: deque[PrefetchRequest] = deque()  # waiting for a fetch slot
         self.cache = SimCache(cache_bytes)
         self.catalog = trace.catalog()
         self.policy = make_policy(self.catalog, self.cache)
@@ -251,9 +294,13 @@ class Simulation:
 
     # link + cache plumbing -----------------------------------------------------------------
     def _submit(self, now: float, requests: list[PrefetchRequest]) -> None:
-        work = deque(requests)
         cache = self.cache
+        cap = self.mount.max_prefetch_requests
+        work = self._parked  # FIFO, as the pump's limiter: earlier requests first
+        work.extend(requests)
         while work:
+            if cap is not None and self._fetching >= cap:
+                return  # the rest wait for a slot, not yet in flight for the reads
             req = work.popleft()
             keys = []
             for block in range(req.first, req.end):
@@ -267,6 +314,7 @@ class Simulation:
             for key in keys:
                 cache.pending[key] = tr
             self.result.prefetched += len(keys)
+            self._fetching += 1
             self.link.prefetch(now, tr)
 
     def _deliver(self, at: float, tr: Transfer) -> None:
@@ -283,6 +331,7 @@ class Simulation:
                         result.wasted += 1
                     self.policy.on_evicted(victim >> KEY_SHIFT, victim & ((1 << KEY_SHIFT) - 1))
         if tr.request is not None:
+            self._fetching -= 1
             self._submit(at, self.policy.on_prefetch_complete(at, tr.request, True))
 
     def _advance(self, now: float) -> None:
@@ -366,6 +415,9 @@ class Simulation:
                 if tr.request is not None and key not in self._late:
                     self._late.add(key)
                     result.useful_late += 1
+                if tr.arrival is None and not self.mount.promote:
+                    done = max(done, link.expected_arrival(tr))
+                    continue
                 if tr.arrival is None:
                     arrival, rest = link.promote(now, tr)
                     for k in tr.keys:
@@ -381,6 +433,7 @@ class Simulation:
                 done = max(done, link.demand(now, tr))
             total = stop - first
             result.demand_blocks += total
+            result.read_bytes += lengths[i]
             result.hit_blocks += hits
             e = epoch_of[i]
             result.epoch_hits[e] += hits
@@ -405,6 +458,7 @@ class Simulation:
         self._advance(makespan + 10 * self.link_model.rtt)
         result.wasted += len(self._unused) + sum(
             1 for k, tr in cache.pending.items() if tr.request is not None and k not in self._late)
+        result.link_bytes = int(link.bytes_sent)
         result.makespan = makespan - t0
         result.trace_span = t_orig[-1] - t0
         nb = max(bins_t) + 1 if bins_t else 0

@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 from bench import repro_procs
 from bench.mount_procs import drop_page_cache, exit_on_sigterm
 from bench.repro_data import WINDOW_BYTES, ShardLayout, make_dataset
+from bench.repro_diag import Timeline, diagnose, link_model
 from bench.repro_loader import (SEQUENTIAL as ORDER_SEQUENTIAL, SHUFFLED as ORDER_SHUFFLED,
                                 STEP_KINDS, STEP_SLEEP, LoopConfig, run_loop)
 from bench.repro_report import markdown, plot
@@ -130,15 +131,22 @@ class Repro:
                 metrics_port: int | None = None) -> RunRecord:
         before = None if metrics_port is None else repro_procs.scrape(self.link, SPOKE_SIDE,
                                                                        metrics_port)
-        trace = run_loop(root, self.layout, self.loop_config(scenario.variant), wrap_sampler,
-                         probe=self._probe)
+        with contextlib.ExitStack() as stack:
+            timeline = None
+            if self.args.timeline and metrics_port is not None:
+                timeline = stack.enter_context(Timeline(
+                    lambda: repro_procs.scrape(self.link, SPOKE_SIDE, metrics_port)))
+            trace = run_loop(root, self.layout, self.loop_config(scenario.variant),
+                             wrap_sampler, probe=self._probe)
         (t0, s0), (t1, s1) = trace.probes
         trace.probes = []
         remote = scenario.target != LOCAL
         metrics = None
+        gauges = ""
         if metrics_port is not None and before is not None:
-            metrics = metrics_delta(before, repro_procs.scrape(self.link, SPOKE_SIDE,
-                                                               metrics_port))
+            after = repro_procs.scrape(self.link, SPOKE_SIDE, metrics_port)
+            metrics = metrics_delta(before, after)
+            gauges = link_model(after)
         record = RunRecord(
             scenario.key, repeat, trace, t1 - t0,
             wan_down_bytes=link_counter(s0, s1, DOWN, "forwarded_bytes") if remote else None,
@@ -147,6 +155,10 @@ class Repro:
             metrics=metrics)
         self.records.append(record)
         self._report_run(record)
+        if gauges:
+            print(f"    {gauges}", flush=True)
+        if timeline is not None:
+            print(timeline.table(), flush=True)
         self.save()
         return record
 
@@ -165,6 +177,9 @@ class Repro:
               f"{s.samples_per_s:7.1f} samples/s (0-100: "
               f"{early if early is None else round(early, 1)}), waiting "
               f"{100 * s.waiting_share:.1f} %{extra}", flush=True)
+        diagnosis = diagnose(record)
+        if diagnosis is not None:
+            print(f"    {diagnosis.line()}", flush=True)
 
     def save(self) -> None:
         tmp = self.results_path + ".tmp"
@@ -192,9 +207,12 @@ class Repro:
                    "--link-rtt", f"{self.link.spec.rtt * 1e3:g}", *self.args.spoke_option]
         for scenario in scenarios(variant, SPOKE):
             evict_tree(self.export if scenario.state == COLD else cache)
-            log = os.path.join(self.logs, f"spoke-{repeat}-{variant}-{scenario.state}.log")
+            name = f"spoke-{repeat}-{variant}-{scenario.state}"
+            log = os.path.join(self.logs, f"{name}.log")
+            trace = ([f"--record-trace={os.path.join(self.args.record_traces, name)}.trace"]
+                     if self.args.record_traces else [])
             with repro_procs.spoke(self.link, self.hub_address, cache, mountpoint,
-                                   self.cache_size, log, options) as mount:
+                                   self.cache_size, log, options + trace) as mount:
                 self.measure(scenario, repeat, mountpoint,
                              self._hinted(mountpoint) if hints else None, mount.metrics_port)
 
@@ -364,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spoke-option", action="append", default=[], metavar="OPT",
                    help="extra argument for every neuralcache mount, e.g. "
                         "--spoke-option=--no-prefetch (repeatable)")
+    p.add_argument("--record-traces", metavar="DIR",
+                   help="record each spoke run's reads and hints to DIR/spoke-REPEAT-VARIANT-"
+                        "STATE.trace (replay: python -m bench.prefetch_eval --trace FILE)")
+    p.add_argument("--timeline", action="store_true",
+                   help="print the spoke's prefetch and transport gauges every 0.25 s of each "
+                        "spoke run (bench.repro_diag.Timeline)")
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument("--workdir", default=DEFAULT_WORKDIR,
                    help=f"dataset, caches and mounts; never the repo [{DEFAULT_WORKDIR}]")
@@ -402,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     args.batches = args.batches or DEFAULT_BATCHES
     repeats = args.repeats or (1 if args.quick else DEFAULT_REPEATS)
     exit_on_sigterm()
+    if args.record_traces:
+        args.record_traces = os.path.abspath(args.record_traces)
+        os.makedirs(args.record_traces, exist_ok=True)
 
     layout = ShardLayout.for_size(size, args.shards)
     export = os.path.join(workdir, f"export-{layout.shards}x{layout.windows}")

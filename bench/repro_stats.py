@@ -32,8 +32,16 @@ READ_BYTES = "neuralcache_read_bytes_total"
 PREFETCH_ISSUED = "neuralcache_prefetch_issued_bytes_total"
 PREFETCH_USEFUL = "neuralcache_prefetch_useful_bytes_total"
 HINT_RECORDS = "neuralcache_prefetch_hints_records_total"
+PREFETCH_LATE = "neuralcache_prefetch_late_bytes_total"
+PREFETCH_WASTED = "neuralcache_prefetch_wasted_bytes_total"
+PREFETCH_FAILED = "neuralcache_prefetch_failed_bytes_total"
+EVENTS_DROPPED = "neuralcache_prefetch_events_dropped_total"
+EVICTIONS = "neuralcache_cache_evictions_total"
+READS = "neuralcache_reads_total"
+HUB_REQUESTS = "neuralcache_fabric_requests_total"
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
-                HINT_RECORDS)
+                HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
+                EVICTIONS, READS, HUB_REQUESTS)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 

@@ -32,6 +32,14 @@ QUEUE_ALLOWANCE_S = 0.1
 MIN_INFLIGHT_BYTES = 256 * 1024
 """In-flight floor while the link estimate is still tiny (start-up)."""
 
+MIN_ISSUE_BYTES = 64 * 1024
+"""Free in-flight budget below which the planner waits for completions instead of issuing. At a
+smaller leftover a range is cut to fit, and a cut request's completion frees as little, so the
+cutting feeds itself: in the mount a hinted shuffle's 16 KiB samples decayed into 4-8 KiB
+requests, each a hub round trip with its per-request cost (two thirds of 9,500 requests were
+one or two blocks). Four 16 KiB samples or one 64 KiB stride chunk fit this; the budget is at
+least ``MIN_INFLIGHT_BYTES``, so waiting never stalls the planner."""
+
 NEAR_SHARE_OF_CACHE = 0.5
 """Prefetched-but-unread plus in-flight bytes may use at most this share of the cache."""
 
@@ -127,7 +135,7 @@ class Planner:
         """Issue the most urgent ranges across all windows until a budget runs out."""
         self._expire_unused(now)
         budget = self.inflight_budget() - self._inflight_bytes
-        if budget < BLOCK_SIZE or not self._windows:
+        if budget < MIN_ISSUE_BYTES or not self._windows:
             return []
         capacity = self.cache.capacity_bytes()
         near_room = int(NEAR_SHARE_OF_CACHE * capacity) - self._inflight_bytes - self.unused_bytes
@@ -142,7 +150,7 @@ class Planner:
                 heap.append((entry[0], next(tie), window))
         heapq.heapify(heap)
         out: list[PrefetchRequest] = []
-        while heap and budget >= BLOCK_SIZE:
+        while heap and budget >= MIN_ISSUE_BYTES:
             _, _, window = heapq.heappop(heap)
             peeked = window.peek(now)
             if peeked is None:

@@ -98,10 +98,13 @@ class Prefetcher:
             predictor.observe(now, obs)
         if self.replay is not None:
             self.replay.observe(now, event.file_id, first, stop - first, self._rate)
-        if self.hinted is not None:
-            self.hinted.observe(now, event.file_id, first, stop - first)
+        announced = (self.hinted is not None
+                     and self.hinted.observe(now, event.file_id, first, stop - first))
         if self.fill is not None:
-            self.fill.observe(now, obs, bool(guessed & self._pattern_mask))
+            if announced:
+                self.fill.stand_down()
+            else:
+                self.fill.observe(now, obs, bool(guessed & self._pattern_mask))
         self.ledger.expire(now)
         return self.planner.plan(now, self.ctx.horizon)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from bench.prefetch_eval import cache_bytes, evaluate, main
-from bench.prefetch_sim import Link, LinkModel, Transfer
+from bench.prefetch_sim import Link, LinkModel, MountModel, Transfer
 from bench.traces import generate
 
 SMALL = 16 << 20
@@ -64,3 +64,25 @@ def test_cli_writes_table_and_plot(tmp_path, capsys):
           "--plot", str(plot), "--markdown", str(md)])
     text = md.read_text()
     assert "| irregular records | ours |" in text and plot.stat().st_size > 1000
+
+
+def test_mount_model_caps_prefetch_and_counts_hedged_bytes():
+    """The real mount's limits, one at a time: a cap of a few prefetch requests at once leaves
+    a hinted shuffle's 16 KiB items behind its readers; hedged demand moves bytes twice."""
+    trace = generate("shuffle_hinted", SMALL)
+    ideal = evaluate(trace, ["none", "ours+hints"], LINK)
+    capped = evaluate(trace, ["ours+hints"], LINK, mount=MountModel(max_prefetch_requests=8))
+    hedged = evaluate(trace, ["none"], LINK, mount=MountModel(hedge_blocks=32))
+    assert capped["ours+hints"].epoch_ratio(0) < ideal["ours+hints"].epoch_ratio(0) - 0.1
+    assert capped["ours+hints"].makespan > ideal["ours+hints"].makespan
+    first_epoch = ideal["none"].link_per_read  # every block crosses once, in a 3-epoch trace
+    assert hedged["none"].link_per_read == pytest.approx(2 * first_epoch, rel=0.01)
+    assert ideal["ours+hints"].link_per_read == pytest.approx(first_epoch, rel=0.01)
+
+
+def test_an_unpromoted_read_waits_for_the_queue_ahead_of_its_prefetch():
+    link = Link(LinkModel(rtt=0.1, bandwidth=1e6))
+    ahead, mine = Transfer([1] * 100, 0.0, None), Transfer([2] * 25, 0.0, None)
+    link.prefetch(0.0, ahead)
+    link.prefetch(0.0, mine)
+    assert link.expected_arrival(mine) == pytest.approx(0.05 + 0.512 + 0.05)

@@ -3,7 +3,7 @@
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.ensemble import Ledger
 from neuralcache.events import LinkEstimate
-from neuralcache.planner import MAX_REQUEST_BLOCKS, Planner
+from neuralcache.planner import MAX_REQUEST_BLOCKS, MIN_ISSUE_BYTES, Planner
 from tests.prefetch_helpers import LINK, DictCache
 
 
@@ -131,3 +131,24 @@ def test_interval_set_matches_a_reference_set():
         assert {v for g in gaps for v in range(*g)} == set(range(a, b + 10)) - ref
     spans = ivs.intervals()
     assert all(s1 < e1 < s2 for (s1, e1), (s2, _) in zip(spans, spans[1:]))  # merged, sorted
+
+
+def test_completions_of_small_requests_do_not_cut_the_next_ones_smaller():
+    """Sixteen-KiB items fill the budget; each completion frees one item, and the planner
+    waits for a worthwhile budget instead of issuing what is left of it one block at a time
+    (the budget follows the measured link, so it moves by amounts that are no item's size)."""
+    planner = _planner()
+    items = [(1, 8 * i, 8 * i + 4) for i in range(100_000)]  # 16 KiB samples, 16 KiB apart
+    planner.offer(ListWindow(items))
+    inflight = planner.plan(0.0, 0.5)
+    sizes = []
+    for step in range(2000):
+        planner.link = LinkEstimate(25e6 + (step % 5) * 40_000, 0.06)  # +-6.4 KB of budget
+        done = inflight.pop(0)
+        planner.on_complete(0.001 * step, done, True)
+        more = planner.plan(0.001 * step, 0.5)
+        sizes += [r.count for r in more]
+        inflight += more
+    assert sizes and min(sizes) == 4  # whole items, never a cut-off block or two
+    in_flight = sum(r.count for r in inflight) * BLOCK_SIZE
+    assert in_flight > planner.inflight_budget() - MIN_ISSUE_BYTES - 4 * BLOCK_SIZE

@@ -178,3 +178,78 @@ def test_a_predictor_measured_as_wrong_stops_being_fetched():
     for k in range(3):
         _read(p, cache, t + k * 0.01, 1, 1, 20000 + 4 * k)
     assert p.stats().issued_blocks == before
+
+
+def _hinted_shuffle(n_files: int = 4, size: int = 1 << 20):
+    """A prefetcher told a shuffled epoch of 16 KiB samples before any read, the prefetches the
+    announcement started (none arrived yet), and the order."""
+    catalog = shards(n=n_files, size=size)
+    samples = [(f, b) for f in range(1, n_files + 1) for b in range(0, size // BLOCK_SIZE, 4)]
+    order = random.Random(5).sample(samples, len(samples))
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False, epoch_replay=False), LINK)
+    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
+    first = p.on_hints(0.0, HintRecord(0, items, "rank0"))
+    return p, cache, first, order
+
+
+def test_readahead_far_into_the_epoch_does_not_move_the_hinted_window_past_the_job():
+    """The kernel's readahead reads a sample's neighbours in the file, which sit anywhere in a
+    shuffled epoch: the window must stay at the first sample the job has not read."""
+    p, cache, first, order = _hinted_shuffle(n_files=16, size=4 << 20)  # 4,096 samples
+    fetched: set[tuple[int, int]] = set()
+
+    def land(requests):  # every prefetch arrives at once
+        while requests:
+            fetched.update(blocks_of(requests))
+            cache.fill(requests)
+            requests = [m for r in requests for m in p.on_prefetch_complete(0.0, r)]
+
+    land(first)
+    for k in range(80):  # the job reads its first samples, each with its file neighbour
+        f, b = order[k]
+        cache.keys.update((f << 40) | x for x in range(b, b + 8))
+        land(p.on_access(0.01 * k, AccessEvent(1, f, b * BLOCK_SIZE, 8 * BLOCK_SIZE)))
+    epoch = p.hinted.sequences["rank0"].epochs[0]
+    assert epoch.low == 80  # the low-water mark: every sample before it read
+    neighbours = [order.index((f, b + 4)) for f, b in order[:80] if (f, b + 4) in order]
+    assert all(epoch.read[i] for i in neighbours)  # read ahead: never fetched or waited for
+    assert max(neighbours) > 1000  # far ahead of the job, as in a shuffled epoch
+    assert {(f, b) for f, b in order[80:96]} <= fetched  # the job's next samples are fetched
+
+
+def test_hinted_guesses_survive_a_job_slower_than_its_pace():
+    """A cold job starved by the link reads its announced order late; that is not a wrong
+    announcement, so the hints stay trusted (and fetched) rather than scored off."""
+    p, cache, first, order = _hinted_shuffle(n_files=16, size=4 << 20)
+    cache.fill(first)
+    for r in first:
+        cache.fill(p.on_prefetch_complete(0.0, r))
+    t = 0.0
+    for k, (f, b) in enumerate(order[:400]):  # a fast start, then 500 times slower
+        t += 0.001 if k < 360 else 0.5
+        _read(p, cache, t, 1, f, b)
+    assert p.accuracy()["hinted"] > 0.9
+    assert p.stats().per_source["hinted"][0] > 0
+
+
+def test_announced_reads_stand_the_working_set_fill_down():
+    """Random reads over data that fits the cache start the fill; once the job announces its
+    order, the fill stops taking link and budget from the announced reads."""
+    catalog = shards(n=2, size=16 << 20)
+    samples = [(f, b) for f in (1, 2) for b in range(0, 4096, 4)]
+    order = random.Random(6).sample(samples, len(samples))
+
+    def fill_issued(hinted: bool) -> int:
+        cache = DictCache(64 << 20)
+        p = Prefetcher(catalog, cache, PrefetchConfig(epoch_replay=False), LINK)
+        if hinted:
+            items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
+            cache.fill(p.on_hints(0.0, HintRecord(0, items, "rank0")))
+        for k, (f, b) in enumerate(order[:300]):
+            _read(p, cache, k * 0.01, 1, f, b)
+        per_source = p.stats().per_source
+        return per_source.get("fill", [0])[0] + per_source.get("heads", [0])[0]
+
+    assert fill_issued(hinted=False) > 1000
+    assert fill_issued(hinted=True) == 0

@@ -168,3 +168,58 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     assert "| spoke cold |" in text and "| spoke warm |" in text
     assert "### I/O bound" not in text  # no table for a variant that was not run
     assert rolling_rate(local.done, 24, window=20)[-1] == pytest.approx(1200)
+
+
+def test_diagnosis_accounts_for_the_wan_bytes() -> None:
+    from bench.repro_diag import diagnose, link_model
+    from bench.repro_stats import (HUB_REQUESTS, PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL,
+                                   READ_BYTES)
+
+    trace = _trace([0.02] * 10)
+    trace.read_seconds = [0.001] * 240  # 240 samples of 16 KiB read by the loader
+    loader = 240 * WINDOW_BYTES
+    metrics = {f'{READ_BYTES}{{source="cache"}}': loader * 0.75,
+               f'{READ_BYTES}{{source="hub"}}': loader * 0.25,
+               PREFETCH_ISSUED: loader * 0.75, PREFETCH_USEFUL: loader * 0.7,
+               PREFETCH_LATE: loader * 0.05, MISSES: loader * 0.3 / 4096,
+               f'{HUB_REQUESTS}{{priority="demand"}}': 120.0,
+               f'{HUB_REQUESTS}{{priority="prefetch"}}': 180.0}
+    record = RunRecord("shuffled|spoke|cold", 0, trace, 1.0, wan_down_bytes=int(1.3 * loader),
+                       wan_up_bytes=0, metrics=metrics)
+    d = diagnose(record)
+    assert d is not None
+    assert d.wan_per_read == pytest.approx(1.3, abs=1e-3)
+    assert d.fuse_per_read == pytest.approx(1.0)
+    assert (d.demand_requests, d.prefetch_requests) == (120, 180)
+    assert d.miss_bytes == pytest.approx(loader * 0.3)
+    assert "WAN/read 1.30" in d.line() and "demand 120 prefetch 180" in d.line()
+    assert diagnose(RunRecord("shuffled|hub-local", 0, trace, 1.0)) is None
+    scrape = {("neuralcache_fabric_btl_bw_bytes_per_second", ()): 25e6,
+              ("neuralcache_fabric_min_rtt_seconds", ()): 0.061}
+    assert link_model(scrape) == "link model at the end: btl_bw 200.0 Mbit/s, min_rtt 61.0 ms"
+
+
+def test_timeline_scrapes_while_the_loop_runs() -> None:
+    import time as clock
+
+    from bench import repro_diag
+
+    counter = iter(range(1, 1000))
+
+    def scrape() -> dict:
+        n = next(counter)
+        return {("neuralcache_read_bytes_total", (("source", "cache"),)): n * 1e6,
+                ("neuralcache_read_bytes_total", (("source", "hub"),)): n * 1e6,
+                ("neuralcache_fabric_cwnd_bytes", ()): 3e6}
+
+    period, repro_diag.TIMELINE_PERIOD = repro_diag.TIMELINE_PERIOD, 0.01
+    try:
+        with repro_diag.Timeline(scrape) as timeline:
+            clock.sleep(0.1)
+    finally:
+        repro_diag.TIMELINE_PERIOD = period
+    lines = timeline.table().splitlines()
+    assert "read MB" in lines[0] and len(lines) >= 3
+    first, second = (line.split() for line in lines[1:3])
+    assert float(first[1]) == 0.0 and float(second[1]) == pytest.approx(2.0)  # both sources
+    assert float(second[6]) == pytest.approx(3.0)  # a gauge as is

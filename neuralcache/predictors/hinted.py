@@ -1,11 +1,14 @@
-"""Hints: the job's announced read order, followed by a cursor and fetched ahead of it.
+"""Hints: the job's announced read order, followed from its low-water mark and fetched ahead.
 
 Each announcer (``source``) has a queue of epochs; an epoch is its items as block ranges in order.
 A read is located in the current epoch (a sorted index of item start blocks, one numpy
-searchsorted per read); the cursor is the furthest item read, and the window covers the items
-after it. When reads stop matching the current epoch near its cursor but match the start of the
-next announced epoch, the sequence moves on. With hints, a fully shuffled epoch is as predictable
-as a sequential one.
+searchsorted per item it covers) and marks the items it covers as read. The window starts at the
+low-water mark, the first item not read yet, and reaches ``depth`` bytes of unread items past it.
+Not the furthest item read: the kernel's readahead turns a 16 KiB sample read into a FUSE read
+of the next samples in the file too, which sit anywhere in a shuffled epoch, so the furthest item
+read jumps ahead of the job and a window following it skips what the job reads next. When reads
+stop matching the current epoch but match the start of the next announced epoch, the sequence
+moves on. With hints, a fully shuffled epoch is as predictable as a sequential one.
 """
 
 from __future__ import annotations
@@ -26,17 +29,33 @@ HINT_DEPTH_FACTOR = 4
 (bytes in flight, cache share) should hold the planner back."""
 
 MATCH_WINDOW_ITEMS = 8192
-"""A read may land this many items past the cursor (workers ahead of the others) and still count."""
+"""A read this many items past the low-water mark still belongs to the current epoch when it
+also matches the start of the next one (workers ahead of the others, readahead)."""
+
+LOW_WATER_STALL_READS = 2048
+"""Reads past the low-water mark after which an item never read is taken as skipped and the
+mark moves on: a loader waits for a missing sample after reading the few hundred it has
+outstanding (workers x prefetch factor x batch), so an item this far behind will not come."""
+
+WINDOW_ROUNDS = 4
+"""Rounds of growing a window over items read already (each adds the unread depth missing)."""
 
 RATE_FLOOR_S = 0.25
 """A sequence's own rate counts once measured over this long (the mount's rate until then)."""
+
+HINT_GRACE_S = 60.0
+"""An announced read is scored wrong only if it has not happened this long after the time the
+sequence's pace predicts. The order is the job's own, so a late read means the job ran slower
+than its measured pace (starved by the link at a cold start, say), not that the announcement
+was wrong; with the usual few-second ledger expiry a slow cold run expired most guesses, the
+ledger switched hints off and the reads fell back to demand fetches (see docs/prefetcher.md)."""
 
 
 class _Epoch:
     """One epoch of one announcer, with the lookup index built lazily after appends."""
 
     __slots__ = ("epoch", "_files", "_firsts", "_stops", "cum", "keys", "order", "dirty",
-                 "cursor", "issued", "issued_offset", "registered")
+                 "read", "low", "stalled", "issued", "issued_offset", "registered")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -47,7 +66,9 @@ class _Epoch:
         self.keys = np.empty(0, dtype=np.int64)
         self.order = np.empty(0, dtype=np.int64)
         self.dirty = False
-        self.cursor = -1
+        self.read = bytearray()  # 1 for items a read has covered
+        self.low = 0  # the low-water mark: the first item not read
+        self.stalled = 0  # reads past the mark since it last moved
         self.issued = 0
         self.issued_offset = 0
         self.registered = 0
@@ -60,6 +81,7 @@ class _Epoch:
         self._firsts.append(first)
         self._stops.append(stop)
         self.cum.append(self.cum[-1] + stop - first)
+        self.read.append(0)
         self.dirty = True
 
     def item(self, i: int) -> tuple[int, int, int]:
@@ -86,6 +108,36 @@ class _Epoch:
             j -= 1
         return best
 
+    def mark_read(self, first_item: int, file_id: int, first: int, stop: int) -> None:
+        """Mark the items blocks ``[first, stop)`` of the file cover (``first_item`` holds
+        ``first``) and move the low-water mark past every read item."""
+        i, block = first_item, first
+        while True:
+            self.read[i] = 1
+            block = self._stops[i]
+            if block >= stop:
+                break
+            i = self.locate(file_id, block, self.low)
+            if i < 0:
+                break
+        if first_item > self.low:
+            self.stalled += 1
+        self._advance(self.low + 1 if self.stalled > LOW_WATER_STALL_READS else self.low)
+
+    def _advance(self, low: int) -> None:
+        """Move the mark to ``low`` (past an item the job skipped), then past read items."""
+        read, n = self.read, len(self.read)
+        while low < n and read[low]:
+            low += 1
+        if low == self.low:
+            return
+        self.low, self.stalled = low, 0
+        if self.issued < low:
+            self.issued, self.issued_offset = low, 0
+
+    def done(self) -> bool:
+        return self.low >= len(self)
+
 
 class HintSequence:
     """One announcer's epochs and the window over the current one."""
@@ -106,36 +158,51 @@ class HintSequence:
         return self.bytes_read / (now - self.t_first)
 
     def match(self, now: float, file_id: int, first: int, count: int) -> bool:
-        """Advance the cursor if this read is part of the announced order."""
+        """Mark the items this read covers if it is part of the announced order."""
         while self.epochs:
             cur = self.epochs[0]
             nxt = self.epochs[1] if len(self.epochs) > 1 else None
-            if nxt is not None and cur.cursor >= len(cur) - 1:
+            if nxt is not None and cur.done():
                 self.epochs.popleft()  # this epoch is read through; the next one is announced
                 continue
-            i = cur.locate(file_id, first, cur.cursor)
-            if 0 <= i <= cur.cursor + MATCH_WINDOW_ITEMS:
-                self._read(now, cur, i, count)
+            i = cur.locate(file_id, first, cur.low)
+            if 0 <= i <= cur.low + MATCH_WINDOW_ITEMS:
+                self._read(now, cur, i, file_id, first, count)
                 return True
             if nxt is not None and 0 <= nxt.locate(file_id, first, 0) <= MATCH_WINDOW_ITEMS:
                 self.epochs.popleft()  # reads moved on to the start of the next epoch
                 continue
+            if i >= 0:  # far ahead of the job (readahead): read, so never fetched or waited for
+                self._read(now, cur, i, file_id, first, count)
+                return True
             return False
         return False
 
-    def _read(self, now: float, epoch: _Epoch, i: int, count: int) -> None:
+    def _read(self, now: float, epoch: _Epoch, i: int, file_id: int, first: int,
+              count: int) -> None:
         if self.t_first is None:
             self.t_first = now
         self.bytes_read += count * BLOCK_SIZE
-        if i > epoch.cursor:
-            epoch.cursor = i
-        if epoch.issued <= epoch.cursor:
-            epoch.issued, epoch.issued_offset = epoch.cursor + 1, 0
+        epoch.mark_read(i, file_id, first, first + count)
 
     def _end(self, now: float, epoch: _Epoch) -> int:
+        """End of the window: about ``depth`` blocks of unread items past the low-water mark.
+        Items read already inside it cost nothing, so the window grows by their share (a few
+        rounds of counting them, at C speed; reads far ahead of the window do not count)."""
         depth = HINT_DEPTH_FACTOR * self.ctx.depth_bytes(self.rate(now)) // BLOCK_SIZE
-        start = min(epoch.cursor + 1, len(epoch))
-        return min(bisect.bisect_left(epoch.cum, epoch.cum[start] + depth) + 1, len(epoch))
+        n, cum = len(epoch), epoch.cum
+        start = min(epoch.low, n)
+        end = min(bisect.bisect_left(cum, cum[start] + depth) + 1, n)
+        for _ in range(WINDOW_ROUNDS):
+            if end <= start:
+                break
+            unread = (end - start) - epoch.read.count(1, start, end)
+            span = cum[end] - cum[start]
+            unread_blocks = span * unread // (end - start)
+            if unread_blocks >= depth or end == n:
+                break
+            end = min(bisect.bisect_left(cum, cum[end] + depth - unread_blocks) + 1, n)
+        return end
 
     def register(self, now: float) -> None:
         if not self.epochs:
@@ -143,11 +210,13 @@ class HintSequence:
         epoch = self.epochs[0]
         end = self._end(now, epoch)
         rate = self.ctx.rate(self.rate(now))
-        base = epoch.cum[epoch.cursor + 1]
-        for i in range(max(epoch.registered, epoch.cursor + 1), end):
+        base = epoch.cum[min(epoch.low, len(epoch))]
+        for i in range(max(epoch.registered, epoch.low), end):
+            if epoch.read[i]:
+                continue
             file_id, first, stop = epoch.item(i)
             ahead = (epoch.cum[i] - base) * BLOCK_SIZE / rate
-            self.ctx.register(now, HINTED, file_id, first, stop, ahead)
+            self.ctx.register(now, HINTED, file_id, first, stop, ahead + HINT_GRACE_S)
         epoch.registered = max(epoch.registered, end)
 
     def peek(self, now: float) -> tuple[float, str, float] | None:
@@ -156,13 +225,15 @@ class HintSequence:
         epoch = self.epochs[0]
         if epoch.issued >= self._end(now, epoch):
             return None
-        ahead = (epoch.cum[epoch.issued] - epoch.cum[epoch.cursor + 1]) * BLOCK_SIZE
+        ahead = (epoch.cum[epoch.issued] - epoch.cum[min(epoch.low, len(epoch))]) * BLOCK_SIZE
         return now + max(ahead, 0) / self.ctx.rate(self.rate(now)), HINTED, 1.0
 
     def take(self, max_blocks: int) -> tuple[int, int, int, str] | None:
         if not self.epochs:
             return None
         epoch = self.epochs[0]
+        while epoch.issued < len(epoch) and epoch.read[epoch.issued]:
+            epoch.issued, epoch.issued_offset = epoch.issued + 1, 0  # read already: skip it
         if epoch.issued >= len(epoch):
             return None
         file_id, first, stop = epoch.item(epoch.issued)
@@ -206,8 +277,12 @@ class HintedPredictor:
         seq.register(now)
         self.ctx.planner.offer(seq)
 
-    def observe(self, now: float, file_id: int, first: int, count: int) -> None:
+    def observe(self, now: float, file_id: int, first: int, count: int) -> bool:
+        """Follow the read through every announced order; True if one of them holds it."""
+        matched = False
         for seq in self.sequences.values():
             if seq.match(now, file_id, first, count):
                 seq.register(now)
                 self.ctx.planner.offer(seq)
+                matched = True
+        return matched

@@ -99,6 +99,12 @@ class WorkingSetFill:
         if self._next < len(self._order):
             self.ctx.planner.offer(self)
 
+    def stand_down(self) -> None:
+        """A read the job announced (hints): its order is known, so filling around it only
+        takes link and in-flight budget from the announced reads. Drop the current fill; it
+        is rebuilt from the reads that come after, if they are not announced."""
+        self.mode, self._order, self._next = "", [], 0
+
     def on_evicted(self, file_id: int, first: int) -> None:
         """Evicted blocks may need filling again."""
         if self.filled.get(file_id, 0) > first:
