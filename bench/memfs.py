@@ -1,4 +1,5 @@
-"""The Python FUSE ceiling: a minimal read-only pyfuse3 + trio filesystem serving one file from memory.
+"""The Python FUSE ceiling: a minimal read-only pyfuse3 + trio filesystem serving one file from
+memory.
 
 It mounts with the spoke's own mount options and readahead (taken from ``fuse_mount.daemon``, so
 the two cannot drift apart), opens files with ``keep_cache`` like the spoke, and answers a read
@@ -98,7 +99,8 @@ async def _serve(mountpoint: str) -> None:
 
 
 async def _announce_when_live(mountpoint: str) -> None:
-    """Runs beside ``pyfuse3.main``: setting readahead stats the mount, which this process answers."""
+    """Runs beside ``pyfuse3.main``: setting readahead stats the mount, which this process
+    answers."""
     await trio.to_thread.run_sync(_set_read_ahead, mountpoint)
     print(READY_LINE, flush=True)
 
@@ -111,7 +113,8 @@ async def _unmount_on_signal() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.memfs", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.memfs",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="file whose bytes to serve from memory")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)

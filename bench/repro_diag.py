@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bench.repro_data import WINDOW_BYTES
-from bench.repro_stats import (EVENTS_DROPPED, Samples, EVICTIONS, HUB_REQUESTS, MISSES, PREFETCH_FAILED,
+from bench.repro_stats import (EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS, MISSES, PREFETCH_FAILED,
                                PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, PREFETCH_WASTED,
-                               READ_BYTES, READS, RunRecord, metric_total)
+                               READ_BYTES, READS, RunRecord, Samples, metric_total)
 
 MB = 1e6
 

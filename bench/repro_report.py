@@ -7,7 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, VARIANTS, Check, Runs,
+from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, VARIANTS, Check,
+                                   Runs,
                                    Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, HINT_RECORDS, PREFETCH_ISSUED,
                                PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES, RunRecord, RunSummary,

@@ -166,7 +166,8 @@ class Export:
         try:
             fd = os.open(ref.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
-            code = ErrorCode.NOT_FOUND if exc.errno in (errno.ENOENT, errno.ELOOP) else ErrorCode.IO_ERROR
+            missing = exc.errno in (errno.ENOENT, errno.ELOOP)
+            code = ErrorCode.NOT_FOUND if missing else ErrorCode.IO_ERROR
             raise ExportError(code, f"open failed: {exc.strerror}") from None
         try:
             before = os.fstat(fd)

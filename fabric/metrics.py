@@ -1,6 +1,6 @@
-"""Prometheus metrics of the fabric shared by both ends and of the spoke's hub client, each defined once
-here (the hub server's own live in ``hub_metrics``, so a spoke does not export them), and the
-HTTP endpoint both processes serve them on. docs/metrics.md lists every metric."""
+"""Prometheus metrics of the fabric shared by both ends and of the spoke's hub client, each
+defined once here (the hub server's own live in ``hub_metrics``, so a spoke does not export
+them), and the HTTP endpoint both processes serve them on. docs/metrics.md lists every metric."""
 
 from __future__ import annotations
 

@@ -26,7 +26,8 @@ PRIORITY_VERSION = 2
 """First protocol version whose ReadRequest carries a priority."""
 
 MAX_FRAME = 16 * 1024 * 1024
-"""Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a bug."""
+"""Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a
+bug."""
 
 MAX_READ_BLOCKS = 1024
 """Largest range one read request may ask for (4 MiB of 4 KiB blocks); clients split larger ones."""
@@ -207,7 +208,8 @@ def _decode_read_reply(fields: list[Any]) -> ReadReply:
     _expect(len(fields) == 4, "read reply needs 4 fields")
     req_id, first, data, checksums = fields
     _expect(_is_uint(req_id) and _is_uint(first), "malformed read reply header")
-    _expect(isinstance(data, bytes) and isinstance(checksums, bytes), "read reply payload not binary")
+    _expect(isinstance(data, bytes) and isinstance(checksums, bytes),
+            "read reply payload not binary")
     _expect(len(checksums) % CHECKSUM_BYTES == 0, "checksum field has a partial checksum")
     return ReadReply(req_id, first, data, checksums)
 

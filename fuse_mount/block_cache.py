@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 FLUSH_INTERVAL = 0.05
 """Seconds the writer waits to gather a batch; bounds how long fresh blocks live only in memory."""
 MAX_BATCH_OPS = 4096
-"""Puts per write transaction (16 MiB of blocks): large enough to amortise, small enough to stay quick."""
+"""Puts per write transaction (16 MiB of blocks): large enough to amortise, small enough to stay
+quick."""
 
 _DELETED = None  # marker in the pending-ops map: the key was evicted
 
@@ -86,7 +87,8 @@ class BlockCache:
         self._stamps[key] = self._clock
 
     def purge(self, keep: Any) -> int:
-        """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the hub)."""
+        """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the
+        hub)."""
         stale = [k for k in self.policy.oldest_first() if not keep(k)]
         for key in stale:
             self.policy.remove(key)
@@ -215,7 +217,8 @@ class BlockCache:
     def _drop_unwritten(self, puts: dict[BlockKey, bytes], exc: Exception) -> None:
         """A batch failed (disk or map full): forget its blocks so they are simply re-fetched."""
         metrics.CACHE_WRITE_ERRORS.inc()
-        log.error("cache write of %d blocks failed (%s); they will be fetched again", len(puts), exc)
+        log.error("cache write of %d blocks failed (%s); they will be fetched again",
+                  len(puts), exc)
         for key in puts:
             if key not in self._ops and self.policy.remove(key):
                 self._dropped(key)

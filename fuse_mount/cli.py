@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hub link round trip the prefetcher plans with until it is measured, "
                             "ms [%(default)g]")
     mount.add_argument("--foreground", action="store_true", help="stay in the foreground")
-    mount.add_argument("--log-file", help="daemon log in background mode [CACHE_DIR/neuralcache.log]")
+    mount.add_argument("--log-file",
+                       help="daemon log in background mode [CACHE_DIR/neuralcache.log]")
     mount.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     mount.set_defaults(func=cmd_mount)
 

@@ -52,7 +52,8 @@ def load(path: str) -> dict[str, Any]:
 
 
 def config_path(argv: Sequence[str], env: Mapping[str, str] = os.environ) -> str | None:
-    """The file to read: ``--config``, else ``$NEURALCACHE_CONFIG``, else DEFAULT_PATH if present."""
+    """The file to read: ``--config``, else ``$NEURALCACHE_CONFIG``, else DEFAULT_PATH if
+    present."""
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)

@@ -102,7 +102,8 @@ def run_demo(workdir: str | None, keep: bool = False) -> int:
     print()
     print(f"{'pass':<6} {'bytes':>12} {'time s':>8} {'MB/s':>8} {'cache hit ratio':>16}")
     for label, total, seconds, ratio in rows:
-        print(f"{label:<6} {total:>12,} {seconds:>8.2f} {total / seconds / 1e6:>8.1f} {ratio:>16.1%}")
+        print(f"{label:<6} {total:>12,} {seconds:>8.2f} {total / seconds / 1e6:>8.1f} "
+              f"{ratio:>16.1%}")
     print()
     print("demo: done; " + (f"kept {base}" if keep else f"removed {base}"))
     return 0

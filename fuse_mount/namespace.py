@@ -54,7 +54,8 @@ class Namespace:
             if entry.path:
                 parent_path, _, name = entry.path.rpartition("/")
                 parent = by_path.get(parent_path)
-                if parent is None or not self.nodes[parent].is_dir or not name or name in (".", ".."):
+                if (parent is None or not self.nodes[parent].is_dir or not name
+                        or name in (".", "..")):
                     raise NamespaceError(f"entry {entry.path!r} has no parent directory")
                 self.nodes[parent].children[name] = inode
                 self.nodes[parent].subdirs += node.is_dir
@@ -95,7 +96,8 @@ class Namespace:
         return ROOT_INODE + len(self.nodes)
 
     def attributes(self, node: Node) -> pyfuse3.EntryAttributes:
-        """Kernel attributes; the timeouts are long because a snapshot never changes under a mount."""
+        """Kernel attributes; the timeouts are long because a snapshot never changes under a
+        mount."""
         e = node.entry
         attr = pyfuse3.EntryAttributes()
         attr.st_ino = node.inode

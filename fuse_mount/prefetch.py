@@ -17,8 +17,9 @@ Prefetches go through the BlockFetcher's single-flight map at prefetch priority,
 that reaches a block whose prefetch is on its way waits for that fetch; the bytes in flight
 are the planner's own budget (one bandwidth-delay product plus a short queue), which each
 completion frees. Every request is reported back, fetched, failed or skipped. The link
-estimate given to the planner on each tick is the hub client's congestion model (bottleneck bandwidth, minimum RTT) once it has
-one, the configured ``--link-bandwidth``/``--link-rtt`` until then.
+estimate given to the planner on each tick is the hub client's congestion model (bottleneck
+bandwidth, minimum RTT) once it has one, the configured ``--link-bandwidth``/``--link-rtt``
+until then.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ class ReaderThread:
     thread: the GIL lets only one of the two run Python at a time anyway, and a wake-up on the
     same CPU is a context switch where one on another CPU is an inter-processor interrupt (on
     an idle VM, where each is a VM exit, that halves the round trip).
-    ``python -m bench.read_path_costs`` measures all three (``follow_loop_cpu=False`` leaves the thread wherever the scheduler puts it). The thread
-    starts on first use and stops at ``close``; calls may come from successive ``trio.run``s.
+    ``python -m bench.read_path_costs`` measures all three (``follow_loop_cpu=False`` leaves the
+    thread wherever the scheduler puts it). The thread starts on first use and stops at
+    ``close``; calls may come from successive ``trio.run``s.
     """
 
     def __init__(self, *, follow_loop_cpu: bool = True) -> None:

@@ -111,7 +111,8 @@ def find_mount(path: str, records: list[MountRecord]) -> tuple[MountRecord, str]
         best = None
         for record in records:
             rel = _inside(candidate, record.mountpoint)
-            if rel is not None and (best is None or len(record.mountpoint) > len(best[0].mountpoint)):
+            deeper = best is None or len(record.mountpoint) > len(best[0].mountpoint)
+            if rel is not None and deeper:
                 best = (record, rel)
         if best is not None:
             return best

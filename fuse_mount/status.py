@@ -148,12 +148,14 @@ def format_status(s: dict[str, Any]) -> str:
         ("cache hit ratio", f"{_percent(cache['hit_ratio'])}  ({cache['hit_blocks']:,} of "
                             f"{cache['hit_blocks'] + cache['miss_blocks']:,} blocks read)"),
         ("cache fill", f"{human_bytes(cache['used_bytes'])} of "
-                       f"{human_bytes(cache['capacity_bytes'])}  ({_percent(cache['fill_ratio'])})"),
+                       f"{human_bytes(cache['capacity_bytes'])}  "
+                       f"({_percent(cache['fill_ratio'])})"),
         ("  evicted / corrupt", f"{cache['evicted_blocks']:,} / "
                                 f"{cache['corrupt_blocks']:,} blocks"),
         ("bytes read", f"{human_bytes(reads['cache_bytes'])} from cache, "
                        f"{human_bytes(reads['hub_bytes'])} from hub"),
-        ("prefetch accuracy", f"{_percent(pf['accuracy'])}  (useful {human_bytes(pf['useful_bytes'])}"
+        ("prefetch accuracy", f"{_percent(pf['accuracy'])}  "
+                              f"(useful {human_bytes(pf['useful_bytes'])}"
                               f" of {human_bytes(pf['issued_bytes'])} issued)"),
         ("  late / wasted / failed", f"{human_bytes(pf['late_bytes'])} / "
                                      f"{human_bytes(pf['wasted_bytes'])} / "

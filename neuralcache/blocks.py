@@ -30,7 +30,8 @@ def block_count(size: int) -> int:
 
 
 def blocks_for_read(offset: int, length: int, size: int) -> BlockRange:
-    """The blocks a read of ``length`` bytes at ``offset`` touches, clipped to the file's ``size``."""
+    """The blocks a read of ``length`` bytes at ``offset`` touches, clipped to the file's
+    ``size``."""
     if offset < 0 or length < 0:
         raise ValueError(f"negative read: offset={offset} length={length}")
     end = min(offset + length, size)

@@ -39,7 +39,8 @@ from tests.test_warmup import FILES, FakeFetcher, make_namespace
 
 # --- wire format --------------------------------------------------------------------------------
 
-@given(st.lists(st.dictionaries(st.text(max_size=5), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=20),
+@given(st.lists(st.dictionaries(st.text(max_size=5),
+                                st.integers(-(2**63), 2**64 - 1) | st.text(max_size=20),
                                 max_size=4), min_size=1, max_size=5),
        st.lists(st.integers(1, 40), max_size=10))
 def test_messages_survive_any_split_of_the_stream(messages: list[dict], cuts: list[int]) -> None:
@@ -355,7 +356,8 @@ def test_the_commands_explain_what_they_cannot_do(export, hub: Hub, spoke: Spoke
 
 @needs_fuse
 @pytest.mark.mount
-def test_a_recorded_profile_warms_exactly_what_the_run_read(export, hub: Hub, tmp_path: Path) -> None:
+def test_a_recorded_profile_warms_exactly_what_the_run_read(
+        export, hub: Hub, tmp_path: Path) -> None:
     _, files = export
     profile = tmp_path / "run.trace"
     recorded = {rel: data for rel, data in files.items() if rel.startswith("d")}

@@ -183,7 +183,8 @@ def test_the_dashboard_queries_only_catalogue_metrics() -> None:
                    "neuralcache_cache_hit_blocks_total", "neuralcache_cache_used_bytes",
                    "neuralcache_prefetch_useful_bytes_total",
                    "neuralcache_prefetch_wasted_bytes_total",
-                   "neuralcache_fabric_btl_bw_bytes_per_second", "neuralcache_fabric_min_rtt_seconds",
+                   "neuralcache_fabric_btl_bw_bytes_per_second",
+                   "neuralcache_fabric_min_rtt_seconds",
                    "neuralcache_fabric_pacing_rate_bytes_per_second",
                    "neuralcache_hub_requests_total", "neuralcache_hub_errors_total"):
         assert wanted in queried, f"the dashboard has no panel on {wanted}"

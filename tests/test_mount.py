@@ -82,7 +82,8 @@ def shared_mount(tmp_path_factory):
         hub.stop()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_random_offsets_and_sizes_match_the_export(shared_mount, data) -> None:
     spoke, root, files = shared_mount
