@@ -468,6 +468,8 @@ class HubClient:
         now = trio.current_time()
         if sent.packet_id is not None:
             self._pipe.on_acked(now, sent.packet_id)
+        elif sent.copy:  # a demand reply (either copy of a hedged one): it used the path too
+            self._pipe.on_demand_delivered(now, sent.nbytes)
         # Demand replies refresh the gauges too: a mount without prefetch would otherwise
         # never show its transport's state.
         if now >= self._next_publish:

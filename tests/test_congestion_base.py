@@ -139,6 +139,39 @@ def test_sampler_app_limited_mark_clears_once_the_bubble_is_delivered():
     assert not s.is_app_limited  # everything in flight at the mark is delivered
 
 
+def test_sampler_counts_bytes_delivered_beside_its_packets_in_their_rate():
+    """Demand replies share the path: a packet's sample covers them, its window does not."""
+    s = DeliveryRateSampler()
+    s.on_sent(0.0, 0, MSS)
+    s.on_delivered(0.05, 3 * MSS)
+    assert s.bytes_in_flight == MSS
+    rs = s.on_acked(0.1, 0)
+    assert rs.delivered == 4 * MSS
+    assert rs.delivery_rate == pytest.approx(4 * MSS / 0.1)
+    assert s.delivered == 4 * MSS
+
+
+@pytest.mark.parametrize("name", ["bbr", "cubic"])
+def test_controllers_take_bytes_delivered_beside_their_packets(name):
+    cc = create_controller(name, mss=MSS)
+    cc.on_packet_sent(0.0, 0, MSS)
+    cc.on_bytes_delivered(0.05, 3 * MSS)
+    cc.on_packet_acked(0.1, 0)
+    assert cc.stats().delivered_bytes == 4 * MSS
+    assert cc.bytes_in_flight == 0
+
+
+def test_sampler_app_limited_mark_waits_for_its_packets_not_for_other_bytes():
+    s = DeliveryRateSampler()
+    s.on_sent(0.0, 0, MSS)
+    s.mark_app_limited()
+    s.on_delivered(0.05, 2 * MSS)  # demand bytes: not the packet in flight at the mark
+    s.on_sent(0.06, 1, MSS)
+    assert s.on_acked(0.1, 0) and s.is_app_limited
+    assert s.on_acked(0.16, 1).is_app_limited
+    assert not s.is_app_limited
+
+
 def test_sampler_counts_losses_and_reports_them_with_the_next_ack():
     s = DeliveryRateSampler()
     for i in range(3):

@@ -7,6 +7,8 @@ ratios with wide margins.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 import os
 import random
@@ -161,6 +163,62 @@ def test_demand_is_charged_to_the_pacer_but_not_to_the_window() -> None:
     assert pipe.stats().bytes_in_flight == in_flight
     later = pipe.poll(5000.0)
     assert isinstance(later, float) and later > 5000.0  # the next prefetch waits its turn
+
+
+def _share_a_link_with_demand(seconds: float, rate: float, rtt: float,
+                              demand_rate: float) -> tuple[RequestPipe, float]:
+    """Run a pipe with endless prefetch over a FIFO bottleneck of ``rate`` bytes/s that it
+    shares with hedged demand reads (two 128 KiB copies each) worth ``demand_rate`` bytes/s,
+    sent regardless of the pacer as the client sends them. Returns the pipe and the prefetch
+    bytes/s delivered."""
+    demand_bytes, copies = 128 * 1024, 2
+    period = copies * demand_bytes / demand_rate
+    pipe = RequestPipe(create_controller("bbr", seed=1))
+    pipe.submit("job", 0, 10**9)
+    link_free = 0.0
+    events: list[tuple[float, int, str, Any]] = [(0.0, 0, "demand", None)]
+    order = itertools.count(1)
+
+    def transmit(t: float, nbytes: int) -> float:
+        """When a reply requested at ``t`` has fully arrived: half a round trip to the hub, the
+        bottleneck queue and serialization, half a round trip back."""
+        nonlocal link_free
+        link_free = max(link_free, t + rtt / 2) + nbytes / rate
+        return link_free + rtt / 2
+
+    prefetched = 0
+    while events:
+        t, _, kind, payload = heapq.heappop(events)
+        if t > seconds:
+            break
+        if kind == "ack":
+            pipe.on_acked(t, payload.packet_id)
+            prefetched += payload.nbytes
+        elif kind == "demand_reply":
+            pipe.on_demand_delivered(t, payload)
+        elif kind == "demand":
+            for _ in range(copies):
+                pipe.send_demand(t, demand_bytes)
+                heapq.heappush(events, (transmit(t, demand_bytes), next(order), "demand_reply",
+                                        demand_bytes))
+            heapq.heappush(events, (t + period, next(order), "demand", None))
+        out = pipe.poll(t)
+        while isinstance(out, Chunk):
+            heapq.heappush(events, (transmit(t, out.nbytes), next(order), "ack", out))
+            out = pipe.poll(t)
+        if isinstance(out, float):
+            heapq.heappush(events, (out, next(order), "poll", None))
+    return pipe, prefetched / seconds
+
+
+def test_demand_on_the_path_neither_shrinks_the_model_nor_stops_prefetch() -> None:
+    """Demand takes 40 % of a 200 Mbit/s, 60 ms link. Were its replies left out of the delivery
+    rate, the estimate would sink toward the prefetch share, the pacer (charged for demand
+    too) would give prefetch less and less, and prefetch would stop within seconds."""
+    rate = 25e6
+    pipe, prefetch_rate = _share_a_link_with_demand(10.0, rate, 0.06, demand_rate=0.4 * rate)
+    assert pipe.stats().btl_bw == pytest.approx(rate, rel=0.1)
+    assert prefetch_rate >= 0.5 * rate  # most of the 60 % that demand leaves
 
 
 def test_a_clock_that_does_not_start_at_zero_does_not_trigger_probe_rtt() -> None:
@@ -468,6 +526,9 @@ async def test_the_pool_its_hedged_demand_and_its_model_in_the_metrics(export_di
                           deadline=trio.current_time() + 5)
         assert metric("neuralcache_fabric_requests_total",
                       {"priority": "demand"}) == demand_requests + 3
+        # Demand replies count as delivered for the model, though they are none of its packets.
+        assert client.stats().delivered_bytes >= (HEDGE_MAX_BLOCKS + 2) * BLOCK_SIZE
+        assert client.stats().bytes_in_flight == 0
         for i in range(20):
             await client.read(e.file_id, e.version, i * 100, 100, priority="prefetch",
                               deadline=trio.current_time() + 5)

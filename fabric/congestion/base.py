@@ -117,6 +117,9 @@ class CongestionController(Protocol):
     def on_packet_lost(self, now: float, packet_id: int) -> None:
         """`packet_id` is given up on (timeout, connection reset)."""
 
+    def on_bytes_delivered(self, now: float, nbytes: int) -> None:
+        """`nbytes` that are none of the controller's packets (demand replies) crossed the path."""
+
     def on_app_limited(self, now: float) -> None:
         """cwnd had room but the application had nothing to request."""
 
@@ -223,6 +226,24 @@ class DeliveryRateSampler:
             self.latest_rate = sample.delivery_rate
         return sample
 
+    def on_delivered(self, now: float, nbytes: int) -> None:
+        """Count bytes that crossed the path outside any packet (demand replies).
+
+        They share the bottleneck with the packets, so, as every byte does in tcp_rate.c, they
+        count in the delivery-rate samples of the packets in flight. Left out, a path half
+        full of demand shows the controller only the other half: its bandwidth estimate, and
+        with it the pacing rate that the demand is charged against, sinks toward the prefetch
+        share, which then shrinks further, until prefetch stops altogether.
+        """
+        if nbytes <= 0:
+            return
+        self.delivered += nbytes
+        self.delivered_time = now
+        if self._app_limited_until:
+            # The app-limited period ends when the packets in flight at the mark are delivered;
+            # these bytes were none of them.
+            self._app_limited_until += nbytes
+
     def on_lost(self, packet_id: int) -> SentPacket:
         packet = self._pop(packet_id)
         self.lost += packet.nbytes
@@ -283,6 +304,10 @@ class SampledController:
     def on_app_limited(self, now: float) -> None:
         """The application had nothing to send although cwnd allowed it."""
         self.sampler.mark_app_limited()
+
+    def on_bytes_delivered(self, now: float, nbytes: int) -> None:
+        """Demand reply bytes arrived: they count in the delivery rate, not in the window."""
+        self.sampler.on_delivered(now, nbytes)
 
     def _stats(self, *, state: str, btl_bw: float, min_rtt: float) -> CongestionStats:
         s = self.sampler

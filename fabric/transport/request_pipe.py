@@ -9,8 +9,13 @@ response is in. Two classes share the one controller:
   exactly its bytes and the total stays at the controller's rate. It is not one of the
   controller's packets: a 4 KiB request's round trip has no serialization in it, so it would
   drag min_rtt (and with it the BDP estimate and cwnd) below what the prefetch chunks need,
-  and its delivery rate says nothing about the path. Demand volume is bounded by the readers
-  themselves (each waits for its data), so it cannot flood the path the way a queue could.
+  and its delivery rate says nothing about the path. Its reply bytes do count as delivered
+  (``on_demand_delivered``) in the rate samples of the prefetch chunks in flight: the pacer
+  spends the controller's rate on demand and prefetch together, so the estimate must
+  measure both, or a path carrying much demand is seen as only its prefetch share, the
+  pacer gives prefetch less, the next samples are lower still, and prefetch stops. Demand
+  volume is bounded by the readers themselves (each waits for its data), so it cannot flood
+  the path the way a queue could.
 * **prefetch** - queued FIFO and cut into chunks only as they leave (so each chunk is sized
   for the path as measured at that moment); a chunk leaves only while bytes in flight are
   below cwnd and when the pacer allows. The pacer runs a little below the controller's
@@ -197,6 +202,10 @@ class RequestPipe:
         t = self._since(now)
         self.pacer.update_rate(self.rate, t)
         self.pacer.on_sent(t, nbytes)
+
+    def on_demand_delivered(self, now: float, nbytes: int) -> None:
+        """The reply to a demand request (``nbytes`` of it) has arrived."""
+        self.controller.on_bytes_delivered(self._since(now), nbytes)
 
     def on_acked(self, now: float, packet_id: int) -> None:
         self.controller.on_packet_acked(self._since(now), packet_id)
