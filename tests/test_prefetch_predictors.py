@@ -253,3 +253,35 @@ def test_announced_reads_stand_the_working_set_fill_down():
 
     assert fill_issued(hinted=False) > 1000
     assert fill_issued(hinted=True) == 0
+
+
+def test_hinted_window_reaches_far_enough_for_the_kernels_readahead_tails():
+    """The kernel adds a sample's file neighbour to its FUSE read, a sample anywhere in the rest
+    of a shuffled epoch. Once the job's pace is known the hinted window reaches far ahead
+    (HINT_REACH_S, within the cache share), so those tails are cached rather than demand misses.
+    Past the guessed part of the window a request takes the samples that follow in the file
+    too, so the far part does not cost a request per 16 KiB sample."""
+    p, cache, first, order = _hinted_shuffle(n_files=16, size=4 << 20)  # 64 MiB, 4,096 samples
+    requests: list = []
+    reqs = first
+    while reqs:
+        requests += reqs
+        cache.fill(reqs)
+        reqs = [m for r in reqs for m in p.on_prefetch_complete(0.0, r)]
+    tails = missed = 0
+    for k, (f, b) in enumerate(order[:300]):
+        tail = range(b + 4, min(b + 8, 1024))  # the neighbour, unless at the file's end
+        if k >= 100:  # the pace is measured: count the neighbours the read finds missing
+            tails += len(tail)
+            missed += sum(1 for x in tail if not cache.contains(f, x))
+        cache.keys.update((f << 40) | x for x in range(b, tail.stop))  # demand fills the rest
+        reqs = p.on_access(0.01 * k, AccessEvent(1, f, b * BLOCK_SIZE, 8 * BLOCK_SIZE))
+        while reqs:  # every prefetch arrives at once
+            requests += reqs
+            cache.fill(reqs)
+            reqs = [m for r in reqs for m in p.on_prefetch_complete(0.01 * k, r)]
+    assert tails > 500
+    assert missed <= 0.05 * tails
+    fetched = sum(r.count for r in requests) // 4
+    assert fetched > 0.9 * len(order)  # the rest of the epoch, not a few horizons of it
+    assert len(requests) < fetched / 2  # without widening, about one request per sample

@@ -20,13 +20,25 @@ import numpy as np
 
 from neuralcache.blocks import BLOCK_SIZE, KEY_SHIFT, block_span
 from neuralcache.hints import HintRecord
+from neuralcache.planner import NEAR_SHARE_OF_CACHE
 from neuralcache.predictors.base import Context
 
 HINTED = "hinted"
 
 HINT_DEPTH_FACTOR = 4
-"""Hinted windows reach this many times a stream's depth: the order is known, only the budgets
-(bytes in flight, cache share) should hold the planner back."""
+"""Hinted windows reach at least this many times a stream's depth (before the job's pace is
+measured, this is all of the window)."""
+
+HINT_REACH_S = 60.0
+"""Once the pace is known, a hinted window reaches this many seconds of the job's reading, up to
+the planner's share of the cache: the order is known, so only the budgets (bytes in flight,
+cache share) should hold the planner back. Depth matters beyond what the job itself has
+outstanding because the kernel's readahead adds the next samples in the file to a sample's
+FUSE read, samples that sit anywhere in the rest of a shuffled epoch: a window of a few
+horizons (~30 MB) left 96 of a full-size run's 108 MB of demand misses in such readahead tails
+beyond the window, each holding up the read it came with for a round trip
+(docs/prefetcher.md). Well inside the planner's ``UNUSED_TTL_S``, so what it fetches stays
+protected until read."""
 
 MATCH_WINDOW_ITEMS = 8192
 """A read this many items past the low-water mark still belongs to the current epoch when it
@@ -55,7 +67,7 @@ class _Epoch:
     """One epoch of one announcer, with the lookup index built lazily after appends."""
 
     __slots__ = ("epoch", "_files", "_firsts", "_stops", "cum", "keys", "order", "dirty",
-                 "read", "low", "stalled", "issued", "issued_offset", "registered")
+                 "read", "low", "stalled", "issued", "issued_offset", "registered", "reach")
 
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
@@ -71,7 +83,8 @@ class _Epoch:
         self.stalled = 0  # reads past the mark since it last moved
         self.issued = 0
         self.issued_offset = 0
-        self.registered = 0
+        self.registered = 0  # items before this one are past the guessed part of the window
+        self.reach = 0  # end of the fetched part of the window, as of the last peek
 
     def __len__(self) -> int:
         return len(self._files)
@@ -185,11 +198,27 @@ class HintSequence:
         self.bytes_read += count * BLOCK_SIZE
         epoch.mark_read(i, file_id, first, first + count)
 
-    def _end(self, now: float, epoch: _Epoch) -> int:
-        """End of the window: about ``depth`` blocks of unread items past the low-water mark.
+    def guess_depth(self, now: float) -> int:
+        """Bytes of unread items past the low-water mark that are registered as guesses: a few
+        horizons of the job's reading. Not the whole fetch reach: the planner widens a request
+        over the following blocks of the file that the same predictor guesses, which suits a
+        window a few horizons deep (one request for samples read soon) but would turn every
+        16 KiB sample of a whole-epoch guess into a 256 KiB request of samples read at any time."""
+        return HINT_DEPTH_FACTOR * self.ctx.depth_bytes(self.rate(now))
+
+    def fetch_depth(self, now: float) -> int:
+        """Bytes of unread items past the low-water mark that may be fetched (HINT_REACH_S)."""
+        rate, guessed = self.rate(now), self.guess_depth(now)
+        if rate <= 0:
+            return guessed
+        room = int(NEAR_SHARE_OF_CACHE * self.ctx.cache.capacity_bytes())
+        return max(guessed, min(int(rate * HINT_REACH_S), room))
+
+    def _end(self, epoch: _Epoch, depth_bytes: int) -> int:
+        """End of a window: about ``depth_bytes`` of unread items past the low-water mark.
         Items read already inside it cost nothing, so the window grows by their share (a few
         rounds of counting them, at C speed; reads far ahead of the window do not count)."""
-        depth = HINT_DEPTH_FACTOR * self.ctx.depth_bytes(self.rate(now)) // BLOCK_SIZE
+        depth = depth_bytes // BLOCK_SIZE
         n, cum = len(epoch), epoch.cum
         start = min(epoch.low, n)
         end = min(bisect.bisect_left(cum, cum[start] + depth) + 1, n)
@@ -208,7 +237,7 @@ class HintSequence:
         if not self.epochs:
             return
         epoch = self.epochs[0]
-        end = self._end(now, epoch)
+        end = self._end(epoch, self.guess_depth(now))
         rate = self.ctx.rate(self.rate(now))
         base = epoch.cum[min(epoch.low, len(epoch))]
         for i in range(max(epoch.registered, epoch.low), end):
@@ -223,7 +252,8 @@ class HintSequence:
         if not self.epochs:
             return None
         epoch = self.epochs[0]
-        if epoch.issued >= self._end(now, epoch):
+        epoch.reach = self._end(epoch, self.fetch_depth(now))
+        if epoch.issued >= epoch.reach:
             return None
         ahead = (epoch.cum[epoch.issued] - epoch.cum[min(epoch.low, len(epoch))]) * BLOCK_SIZE
         return now + max(ahead, 0) / self.ctx.rate(self.rate(now)), HINTED, 1.0
@@ -240,10 +270,27 @@ class HintSequence:
         a = first + epoch.issued_offset
         b = min(stop, a + max_blocks)
         if b >= stop:
+            if epoch.issued >= epoch.registered:
+                b = self._widen(epoch, file_id, a, b, max_blocks)
             epoch.issued, epoch.issued_offset = epoch.issued + 1, 0
         else:
             epoch.issued_offset = b - first
         return file_id, a, b, HINTED
+
+    @staticmethod
+    def _widen(epoch: _Epoch, file_id: int, a: int, b: int, max_blocks: int) -> int:
+        """Past the guessed part of the window, extend a request over the whole unread items
+        that follow it in the file and come later within the reach: a sample per request
+        (~850 requests/s in the full-size run) left the hub client's queue full and the wire
+        at 60 % of the link. Near items are not widened, so they never wait behind far ones."""
+        while True:
+            j = epoch.locate(file_id, b, epoch.issued + 1)
+            if j <= epoch.issued or j >= epoch.reach or epoch.read[j]:
+                return b
+            _, first, stop = epoch.item(j)
+            if first != b or stop - a > max_blocks:
+                return b
+            b = stop
 
 
 class HintedPredictor:
