@@ -215,6 +215,16 @@ class _Connection:
         return min((s.sent_at for s in self.pending.values()), default=math.inf)
 
 
+def _corrupt_blocks(sent: _Sent, msg: ReadReply) -> list[int]:
+    """Indices of the blocks of ``msg`` that fail their checksum (all of them if the reply is
+    not for the range ``sent`` asked for)."""
+    if msg.first != sent.first or len(msg.data) > sent.count * BLOCK_SIZE:
+        return list(range(sent.count))
+    if intact(msg.data, msg.checksums):
+        return []
+    return bad_blocks(msg.data, msg.checksums)
+
+
 class HubClient:
     """A spoke's link to one hub."""
 
@@ -501,27 +511,25 @@ class HubClient:
         job = sent.read
         assert job is not None
         job.copies -= sent.copy
+        bad = _corrupt_blocks(sent, msg) if isinstance(msg, ReadReply) else []
+        if bad:
+            # Counted even when the other copy of a hedged read has already won: the path
+            # delivered bad bytes either way, and which copy came first is chance.
+            metrics.CHECKSUM_FAILURES.inc(len(bad))
+            log.error("%d block(s) of file %d from block %d failed their checksum",
+                      len(bad), job.file_id, sent.first)
         if job.finished:
             return  # the other copy of a hedged read won, or the reader gave up
         if isinstance(msg, ErrorReply):
             job.finish(RemoteError(msg.code, msg.message))
             return
         assert isinstance(msg, ReadReply)
-        if msg.first != sent.first or len(msg.data) > sent.count * BLOCK_SIZE:
-            bad = list(range(sent.count))  # not the range asked for: as good as corrupt
-        elif intact(msg.data, msg.checksums):
-            bad = []
-        else:
-            bad = bad_blocks(msg.data, msg.checksums)
         if not bad:
             job.parts[sent.first] = msg.data
             job.blocks_done += sent.count
             if job.blocks_done >= job.count:
                 job.finish()
             return
-        metrics.CHECKSUM_FAILURES.inc(len(bad))
-        log.error("%d block(s) of file %d from block %d failed their checksum; re-fetching",
-                  len(bad), job.file_id, sent.first)
         failures = job.failures[sent.first] = job.failures.get(sent.first, 0) + 1
         if failures >= CHECKSUM_ATTEMPTS:
             job.finish(ChecksumError(f"file {job.file_id} blocks {sent.first}+{sent.count}: "
