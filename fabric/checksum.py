@@ -9,7 +9,7 @@ import struct
 
 import xxhash
 
-from neuralcache.blocks import BLOCK_SIZE
+from neuralcache.blocks import BLOCK_SIZE, block_count
 
 from .protocol import CHECKSUM_BYTES
 
@@ -29,7 +29,7 @@ def range_checksums(data: bytes) -> bytes:
 
 def bad_blocks(data: bytes, checksums: bytes) -> list[int]:
     """Indices of the blocks of ``data`` whose checksum does not match (all if counts differ)."""
-    count = -(-len(data) // BLOCK_SIZE)
+    count = block_count(len(data))
     if count * CHECKSUM_BYTES != len(checksums):
         return list(range(max(count, len(checksums) // CHECKSUM_BYTES)))
     view = memoryview(data)

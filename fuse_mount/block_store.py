@@ -18,7 +18,7 @@ import xxhash
 
 from fabric.checksum import block_checksum
 from fabric.protocol import CHECKSUM_BYTES
-from neuralcache.blocks import BLOCK_SIZE
+from neuralcache.blocks import block_count
 
 _KEY = struct.Struct(">QQQ")
 _STAMP = struct.Struct(">Q")
@@ -69,7 +69,7 @@ class IndexEntry(NamedTuple):
 
 def map_size_for(capacity: int) -> int:
     """LMDB map size that holds ``capacity`` bytes of blocks."""
-    blocks = -(-capacity // BLOCK_SIZE)
+    blocks = block_count(capacity)
     return blocks * PAGES_PER_BLOCK * os.sysconf("SC_PAGE_SIZE") + MAP_SLACK
 
 

@@ -17,7 +17,7 @@ import trio
 
 from fabric.client import HubClient
 from fabric.protocol import MAX_READ_BLOCKS, MetaEntry
-from neuralcache.blocks import BLOCK_SIZE, blocks_for_read, contiguous_runs
+from neuralcache.blocks import BLOCK_SIZE, block_count, blocks_for_read, contiguous_runs
 
 from . import metrics
 from .block_cache import BlockCache
@@ -69,7 +69,7 @@ class BlockFetcher:
 
         Blocks already cached or on their way are skipped; returns False if any fetch failed.
         """
-        end = min(first + count, -(-entry.size // BLOCK_SIZE))
+        end = min(first + count, block_count(entry.size))
         keys = (BlockKey(entry.file_id, entry.version, b) for b in range(first, end))
         new = [k.block for k in keys if k not in self.cache.policy and k not in self._inflight]
         fetches = [self._start_fetches(entry, run.first, run.end, prefetch=True)
