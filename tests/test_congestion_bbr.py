@@ -151,6 +151,44 @@ def test_probe_rtt_starts_ten_seconds_after_the_last_min_rtt_sample():
     assert cc.state is BBRState.PROBE_BW
 
 
+def _stop_and_wait(cc, rtts, until):
+    """Send one MSS request at a time, acked after the next of ``rtts``; the states seen."""
+    t, pid, states = 0.0, 0, []
+    while t < until:
+        cc.on_packet_sent(t, pid, MSS)
+        t += rtts(pid)
+        cc.on_packet_acked(t, pid)
+        states.append((t, cc.state))
+        pid += 1
+    return states
+
+
+def test_probe_rtt_is_skipped_while_recent_samples_stay_within_an_eighth_of_min_rtt():
+    """60 ms once, then 66 ms (10 % above) for 30 s: three windows expire, none is probed."""
+    cc = BBR(seed=0, mss=MSS)
+    states = _stop_and_wait(cc, lambda pid: 0.06 if pid == 0 else 0.066, 30.0)
+    assert all(s is not BBRState.PROBE_RTT for _, s in states)
+    assert cc.min_rtt == pytest.approx(0.06)
+
+
+def test_probe_rtt_is_not_skipped_on_samples_older_than_the_recent_window():
+    """60 ms samples for the first 1.8 s, then 25 % above: the expiry at 11.8 s probes."""
+    cc = BBR(seed=0, mss=MSS)
+    states = _stop_and_wait(cc, lambda pid: 0.06 if pid < 30 else 0.075, 13.0)
+    last_min_sample = 30 * 0.06
+    entered = next(t for t, s in states if s is BBRState.PROBE_RTT)
+    assert last_min_sample + 10.0 < entered < last_min_sample + 10.0 + 2 * 0.075
+
+
+def test_minimum_window_is_four_of_the_largest_recent_requests():
+    cc = BBR(seed=0, mss=MSS)
+    assert cc.min_cwnd == 4 * MSS
+    cc.on_packet_sent(0.0, 1, 2 * 1024 * KIB)
+    assert cc.min_cwnd == 4 * 2 * 1024 * KIB
+    cc.on_packet_acked(0.001, 1)
+    assert cc.cwnd >= 4 * 2 * 1024 * KIB
+
+
 def test_probe_rtt_follows_a_route_change_on_the_simulated_link():
     new_rtt = 0.08
     link = LinkConfig(rate=RATE, rtt=RTT, rtt_change=(3.0, new_rtt))

@@ -8,7 +8,9 @@ Left out relative to the kernel (see docs/congestion.md): the long-term policer 
 (lt_bw), ACK-aggregation cwnd boost (extra_acked) and the packet-conservation round of loss
 recovery. Losses only take the lost bytes out of cwnd, which later acks grow back toward the
 model's target - the kernel's arithmetic outside its first recovery round - so loss never
-lowers the pacing rate or the bandwidth model.
+lowers the pacing rate or the bandwidth model. Added: PROBE_RTT is skipped when a recent RTT
+sample came within 1/8 of min_rtt (as Chromium QUIC's BBR may), and the minimum window is
+4 requests rather than 4 segments.
 """
 
 from __future__ import annotations
@@ -50,6 +52,28 @@ MIN_RTT_WINDOW = 10.0
 
 PROBE_RTT_DURATION = 0.2
 """Seconds spent at the minimum cwnd in PROBE_RTT (~2 % of MIN_RTT_WINDOW)."""
+
+SIMILAR_MIN_RTT = 1.125
+"""When the min_rtt window expires, PROBE_RTT is skipped (and the window restarted) if an RTT
+sample of the last ``RECENT_RTT_WINDOW`` came within this factor of min_rtt: the path's delay
+has not grown and our queue was seen to drain to within 1/8 of it, which is what PROBE_RTT
+would re-measure. Chromium QUIC's BBR does the same (`kSimilarMinRttThreshold`, flag
+`probe_rtt_skipped_if_similar_rtt`; it looks at every sample since the last refresh, which
+can predate a route change by the whole window). Probing is not free on long paths: on the
+900 ms one it holds four requests in flight for 200 ms plus a round trip, after waiting for
+every request in flight, some held a round trip behind a TCP retransmission: 3-11 s per probe
+in measured runs (``bench.transport --save``)."""
+
+RECENT_RTT_WINDOW = MIN_RTT_WINDOW / 2
+"""Seconds of RTT samples that may vouch for min_rtt at its expiry (``SIMILAR_MIN_RTT``): the
+second half of the window, so a delay that grew at least that long ago is probed for. Long
+enough to hold a PROBE_BW gain cycle (8 round trips) on a 600 ms path."""
+
+MIN_WINDOW_REQUESTS = 4
+"""Smallest cwnd in requests (tcp_bbr.c's ``bbr_cwnd_min_target`` is 4 packets; a request is
+our packet): on loopback, where chunks are 2-3 MiB and min_rtt is one request's service time,
+a window of 4 segments' bytes held under two chunks in flight and kept the hub idle between
+them (0.63 GB/s where a controller that did not limit got 0.98)."""
 
 FULL_BW_GROWTH = 1.25
 """STARTUP goes on while BtlBw grows by at least 25 % per round..."""
@@ -100,6 +124,7 @@ class BBR(SampledController):
         self._round_start = False
         self.min_rtt = math.inf
         self._min_rtt_stamp = 0.0
+        self._recent_rtt = WindowedFilter.min_filter(RECENT_RTT_WINDOW)
         self._has_seen_rtt = False
         self.full_bw_reached = False
         self._full_bw = 0.0
@@ -123,6 +148,11 @@ class BBR(SampledController):
 
     def stats(self) -> CongestionStats:
         return self._stats(state=self.state.value, btl_bw=self.btl_bw, min_rtt=self.min_rtt)
+
+    @property
+    def min_cwnd(self) -> int:
+        """``MIN_WINDOW_REQUESTS`` requests of the largest size sent in the last 10 rounds."""
+        return MIN_WINDOW_REQUESTS * max(self.mss, self._request_size.get() or 0)
 
     # -- events ------------------------------------------------------------------------
 
@@ -210,6 +240,10 @@ class BBR(SampledController):
 
     def _update_min_rtt(self, now: float, rs: RateSample) -> None:
         expired = now > self._min_rtt_stamp + MIN_RTT_WINDOW
+        recent = self._recent_rtt.update(rs.rtt, now)
+        if expired and recent <= self.min_rtt * SIMILAR_MIN_RTT:
+            expired = False  # a recent sample came close: the model still holds, no probe
+            self._min_rtt_stamp = now
         if rs.rtt <= self.min_rtt or expired:
             self.min_rtt = rs.rtt
             self._min_rtt_stamp = now
