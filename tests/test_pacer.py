@@ -32,8 +32,19 @@ def _send_all(pacer, sizes, gaps):
 
 @given(rates, bursts, sizes, gaps)
 def test_bytes_sent_in_any_interval_are_bounded_by_burst_plus_rate(rate, burst, sizes, gaps):
-    times = _send_all(Pacer(rate, burst=burst), sizes, gaps)
+    times = _send_all(Pacer(rate, burst=burst, burst_seconds=0.0), sizes, gaps)
     allowance = max(burst, max(sizes)) + SLACK_BYTES
+    _assert_bounded(times, sizes, allowance, rate)
+
+
+@given(rates, bursts, sizes, gaps)
+def test_with_a_bucket_of_burst_seconds_the_bound_adds_its_capacity(rate, burst, sizes, gaps):
+    pacer = Pacer(rate, burst=burst)
+    times = _send_all(pacer, sizes, gaps)
+    _assert_bounded(times, sizes, pacer.capacity + max(sizes) + SLACK_BYTES, rate)
+
+
+def _assert_bounded(times, sizes, allowance, rate):
     for i in range(len(times)):
         for j in range(i, len(times)):
             sent = sum(sizes[i : j + 1])
@@ -43,7 +54,8 @@ def test_bytes_sent_in_any_interval_are_bounded_by_burst_plus_rate(rate, burst, 
 @given(rates, bursts, st.integers(min_value=1, max_value=4 * 1024 * 1024))
 def test_a_greedy_sender_runs_at_the_rate(rate, burst, size):
     n = 50
-    times = _send_all(Pacer(rate, burst=burst), [size] * n, [0.0] * n)
+    pacer = Pacer(rate, burst=burst, burst_seconds=0.0)
+    times = _send_all(pacer, [size] * n, [0.0] * n)
     # After the initial bucket, each request waits for its own bytes' worth of tokens.
     elapsed = times[-1] - times[0]
     expected = max(0, n * size - max(burst, size)) / rate
@@ -90,3 +102,17 @@ def test_rate_must_be_positive_and_finite(rate):
         Pacer(rate)
     with pytest.raises(ValueError):
         Pacer(1e6).update_rate(rate)
+
+
+def test_the_bucket_holds_burst_seconds_at_high_rates_so_late_wakeups_keep_the_rate():
+    """A sender that always wakes 1 ms late still averages the rate at 1 GB/s with 2 MiB
+    requests; with a bucket of only `burst` bytes each lateness would be lost."""
+    rate, size, late = 1e9, 2 * 1024 * 1024, 0.001
+    pacer = Pacer(rate, burst=2 * MSS)
+    assert pacer.capacity == pytest.approx(rate * 0.002)
+    now = 0.0
+    for _ in range(200):
+        now = pacer.next_send_time(now, size) + late
+        pacer.on_sent(now, size)
+    assert 200 * size / now >= 0.95 * rate
+    assert Pacer(1e6, burst=2 * MSS).capacity == 2 * MSS  # slow paths: the byte floor
