@@ -47,7 +47,7 @@ def test_with_a_bucket_of_burst_seconds_the_bound_adds_its_capacity(rate, burst,
 def _assert_bounded(times, sizes, allowance, rate):
     for i in range(len(times)):
         for j in range(i, len(times)):
-            sent = sum(sizes[i : j + 1])
+            sent = sum(sizes[i:j + 1])
             assert sent <= allowance + rate * (times[j] - times[i]) * (1 + 1e-9)
 
 
