@@ -11,8 +11,11 @@ measured is CPU, as in the warm rows of ``bench.throughput``):
   CPU and, as the cache runs it, bound to the event loop's CPU;
 - ``BlockStore.get_many`` (a ``get`` and a copy per block) and ``BlockStore.read_run`` (one
   cursor walk, one join), called directly, for 256 blocks (one 1 MiB FUSE read) and 4 (16 KiB);
-- ``BlockCache.read_run`` and ``BlockCache.get_many``: the same through the cache (thread hop,
-  LRU and last-use stamps);
+- ``BlockStore.read_run_resident`` (the same after a ``mincore`` check of the values' pages),
+  and that check alone;
+- ``BlockCache.read_run`` and ``BlockCache.get_many``: the same through the cache (LRU and
+  last-use stamps), ``read_run`` both on the event loop (inline, as the cache serves runs of
+  pages in RAM up to its limit) and through its reader thread;
 - ``BlockFetcher.read`` of 1 MiB and 16 KiB, every block a hit, cache writer running as in the
   daemon (it persists the stamps those hits leave);
 - for comparison, the same bytes stored as 64 KiB LMDB values with one checksum each (a layout
@@ -40,9 +43,10 @@ import xxhash
 
 from fabric.checksum import block_checksum
 from fabric.protocol import MetaEntry
-from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
+from fuse_mount.block_store import VALUE_BYTES, BlockKey, BlockStore
 from fuse_mount.reader_thread import ReaderThread
-from fuse_mount.block_store import BlockKey, BlockStore
+from fuse_mount.residency import ResidencyProbe
 from fuse_mount.fetcher import BlockFetcher
 from neuralcache.blocks import BLOCK_SIZE
 
@@ -127,6 +131,18 @@ def _extent_read(env: lmdb.Environment, first: int, count: int) -> bytes:
     return b"".join(parts)
 
 
+async def _cache_runs(cache: BlockCache, path: str, inline_max_blocks: int,
+                      run_mib: Callable[[int], Awaitable[Any]],
+                      run_small: Callable[[int], Awaitable[Any]]) -> list[str]:
+    """``BlockCache.read_run`` of 256 and 4 blocks with the inline limit set to
+    ``inline_max_blocks``: all on the event loop, or all through the reader thread."""
+    cache.inline_max_blocks = inline_max_blocks
+    return [_row(f"BlockCache.read_run, 256 blocks, {path}", await _best_async(run_mib, 300),
+                 1 << 20),
+            _row(f"BlockCache.read_run, 4 blocks, {path}", await _best_async(run_small, 3000),
+                 16384)]
+
+
 async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> list[str]:
     store = cache.store
     entry = MetaEntry("data.bin", "f", 0o444, blocks * BLOCK_SIZE, 0, FILE_ID, VERSION)
@@ -142,6 +158,23 @@ async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> lis
 
     def small(i: int) -> int:
         return (i * spread % slots) * SMALL_BLOCKS
+
+    probe = ResidencyProbe()
+
+    def addresses(first: int, count: int) -> list[int]:
+        return [cache._addresses[k] for k in keys(first, count)]
+
+    def resident(first: int, count: int) -> bytes | None:
+        found = store.read_run_resident(FILE_ID, VERSION, first, count,
+                                        addresses(first, count), probe)
+        assert found is not None, "the store's pages are not all in the page cache"
+        return found
+
+    def run_mib(i: int) -> Awaitable[bytes | None]:
+        return cache.read_run(FILE_ID, VERSION, mib(i), MIB_BLOCKS)
+
+    def run_small(i: int) -> Awaitable[bytes | None]:
+        return cache.read_run(FILE_ID, VERSION, small(i), SMALL_BLOCKS)
 
     reader, unpinned = ReaderThread(), ReaderThread(follow_loop_cpu=False)
     rows = [_row("trio.to_thread.run_sync(no-op) round trip",
@@ -159,7 +192,14 @@ async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> lis
                  1 << 20),
             _row("BlockStore.read_run, 4 blocks, direct",
                  _best(lambda i: store.read_run(FILE_ID, VERSION, small(i), SMALL_BLOCKS), 5000),
-                 16384)]
+                 16384),
+            _row("BlockStore.read_run_resident, 256 blocks, direct",
+                 _best(lambda i: resident(mib(i), MIB_BLOCKS), 300), 1 << 20),
+            _row("BlockStore.read_run_resident, 4 blocks, direct",
+                 _best(lambda i: resident(small(i), SMALL_BLOCKS), 5000), 16384),
+            _row("ResidencyProbe.all_resident, 4 blocks (mincore)",
+                 _best(lambda i: probe.all_resident(addresses(small(i), SMALL_BLOCKS),
+                                                    VALUE_BYTES), 5000), None)]
     reader.close()
     unpinned.close()
     rows += [_row("BlockCache.get_many, 256 keys",
@@ -168,12 +208,9 @@ async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> lis
              _row("BlockCache.get_many, 4 keys",
                   await _best_async(lambda i: cache.get_many(keys(small(i), SMALL_BLOCKS)), 3000),
                   16384),
-             _row("BlockCache.read_run, 256 blocks",
-                  await _best_async(lambda i: cache.read_run(FILE_ID, VERSION, mib(i),
-                                                             MIB_BLOCKS), 300), 1 << 20),
-             _row("BlockCache.read_run, 4 blocks",
-                  await _best_async(lambda i: cache.read_run(FILE_ID, VERSION, small(i),
-                                                             SMALL_BLOCKS), 3000), 16384)]
+             *await _cache_runs(cache, "inline", MIB_BLOCKS, run_mib, run_small),
+             *await _cache_runs(cache, "reader thread", 0, run_mib, run_small)]
+    cache.inline_max_blocks = INLINE_MAX_BLOCKS
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run_writer)
         fetcher = BlockFetcher(cache, _NoHub(), nursery, hub_timeout=60.0)  # type: ignore[arg-type]

@@ -94,7 +94,8 @@ def make_dataset(workdir: str, size: int) -> str:
 
 
 def _spoke_stats(port: int) -> str:
-    """Hit ratio and mean FUSE read size of the spoke behind metrics ``port``."""
+    """Hit ratio, mean FUSE read size and where warm runs were read (on the event loop or in
+    the reader thread) of the spoke behind metrics ``port``."""
     m = scrape(port)
     hits = sample(m, "neuralcache_cache_hit_blocks_total")
     misses = sample(m, "neuralcache_cache_miss_blocks_total")
@@ -104,9 +105,12 @@ def _spoke_stats(port: int) -> str:
     blocks = hits + misses
     ratio = hits / blocks if blocks else 0.0
     mean_read = (cache_bytes + hub_bytes) / reads / 1024 if reads else 0.0
+    inline = sample(m, "neuralcache_cache_run_reads_total", path="inline")
+    threaded = sample(m, "neuralcache_cache_run_reads_total", path="reader_thread")
     return (f"hit ratio {ratio:.1%} ({hits:.0f} of {blocks:.0f} blocks), "
             f"{cache_bytes / MB:.1f} MB from cache, {hub_bytes / MB:.1f} MB from hub, "
-            f"{reads:.0f} FUSE reads of {mean_read:.0f} KiB on average")
+            f"{reads:.0f} FUSE reads of {mean_read:.0f} KiB on average, "
+            f"runs read {inline:.0f} inline / {threaded:.0f} in the reader thread")
 
 
 LOCAL = "local file (from disk)"

@@ -9,6 +9,7 @@ damaged cache file costs a re-fetch, never wrong bytes.
 from __future__ import annotations
 
 import itertools
+import operator
 import os
 import struct
 from typing import Iterable, NamedTuple
@@ -18,7 +19,9 @@ import xxhash
 
 from fabric.checksum import block_checksum
 from fabric.protocol import CHECKSUM_BYTES
-from neuralcache.blocks import block_count
+from neuralcache.blocks import BLOCK_SIZE, block_count
+
+from .residency import ResidencyProbe, buffer_address
 
 _KEY = struct.Struct(">QQQ")
 _STAMP = struct.Struct(">Q")
@@ -26,8 +29,13 @@ _CHECKSUM = struct.Struct(">Q")
 """A stored checksum as an int: ``block_checksum`` is xxh3-64 packed this way, and comparing
 ints saves a bytes object per block on the range read."""
 
+_BLOCK_PART = operator.itemgetter(slice(CHECKSUM_BYTES, None))  # a stored value's block
+_FIRST = operator.itemgetter(0)
+
 PAGES_PER_BLOCK = 2
 """A 4 KiB block plus its checksum exceeds one 4 KiB LMDB page and lands on two overflow pages."""
+VALUE_BYTES = CHECKSUM_BYTES + BLOCK_SIZE
+"""A stored value: the checksum, then the block (the last block of a file may be shorter)."""
 MAP_SLACK = 64 * 1024 * 1024
 """Room beyond the blocks for LMDB's branch pages, the stamp table and free-page bookkeeping."""
 
@@ -65,12 +73,44 @@ class IndexEntry(NamedTuple):
     key: BlockKey
     size: int
     stamp: int
+    address: int  # of the value in the map, while no write replaces or deletes it
 
 
 def map_size_for(capacity: int) -> int:
     """LMDB map size that holds ``capacity`` bytes of blocks."""
     blocks = block_count(capacity)
     return blocks * PAGES_PER_BLOCK * os.sysconf("SC_PAGE_SIZE") + MAP_SLACK
+
+
+def _walk_run(txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int
+              ) -> list[memoryview] | None:
+    """Views of the stored values of blocks ``[first, first + count)``, or None unless all of
+    them are stored. Valid only inside ``txn``."""
+    cursor = txn.cursor()
+    if not cursor.set_key(_KEY.pack(file_id, version, first)):
+        return None
+    values = list(itertools.islice(cursor.iternext(keys=False), count))
+    # Keys are unique and sorted: `count` values from the first key to the expected last one
+    # are exactly the run, with no block missing in between.
+    if len(values) != count or cursor.key() != _KEY.pack(file_id, version, first + count - 1):
+        return None
+    return values
+
+
+def _join_verified(values: list[memoryview]) -> bytes | None:
+    """The blocks of stored ``values`` joined, or None if any fails its checksum.
+
+    Slices, hashes and stored checksums are produced by ``map`` over the run, in C: per block
+    a Python-level loop cost about as much as hashing the block itself.
+    """
+    parts = list(map(_BLOCK_PART, values))
+    try:
+        stored = list(map(_FIRST, map(_CHECKSUM.unpack_from, values)))
+    except struct.error:  # a damaged value shorter than its checksum
+        return None
+    if list(map(xxhash.xxh3_64_intdigest, parts)) != stored:
+        return None
+    return b"".join(parts)
 
 
 class BlockStore:
@@ -115,27 +155,38 @@ class BlockStore:
         if count <= 0:
             return b""
         with self.env.begin(db=self._blocks, buffers=True) as txn:
-            cursor = txn.cursor()
-            if not cursor.set_key(_KEY.pack(file_id, version, first)):
-                return None
-            values = list(itertools.islice(cursor.iternext(keys=False), count))
-            # Keys are unique and sorted: `count` values from the first key to the expected
-            # last one are exactly the run, with no block missing in between.
-            if len(values) != count or cursor.key() != _KEY.pack(file_id, version,
-                                                                  first + count - 1):
-                return None
-            parts = [value[CHECKSUM_BYTES:] for value in values]
-            try:
-                for value, part in zip(values, parts):
-                    if xxhash.xxh3_64_intdigest(part) != _CHECKSUM.unpack_from(value)[0]:
-                        return None
-            except struct.error:  # a damaged value shorter than its checksum
-                return None
-            return b"".join(parts)
+            values = _walk_run(txn, file_id, version, first, count)
+            return None if values is None else _join_verified(values)
+
+    def read_run_resident(self, file_id: int, version: int, first: int, count: int,
+                          addresses: list[int], probe: ResidencyProbe) -> bytes | None:
+        """``read_run``, but only if no page of the run's values needs the disk; else None.
+
+        For the event loop, which must never wait for the disk. ``addresses`` are where the
+        run's values were when they were last written or indexed (``write_batch``,
+        ``index``); their pages are checked with ``probe`` (``mincore``) before the walk,
+        because py-lmdb touches every page of a value inside the cursor step that finds it
+        (its ``preload``, done with the GIL released so that other threads run meanwhile).
+        A stale address can only make the check look at the wrong pages: the bytes still come
+        from the walk, checksum-verified. The walk also reads LMDB's branch and leaf pages;
+        they are a small part of the map (one leaf holds the keys of ~100 blocks), read in
+        full when the mount loads its index, descended by every lookup and every write batch,
+        so they stay in the page cache while the values they point to come and go. None also
+        for a run not wholly stored or damaged: the caller then takes the path that may wait,
+        which sorts that out.
+        """
+        if count <= 0:
+            return b""
+        if not probe.all_resident(addresses, VALUE_BYTES):
+            return None
+        with self.env.begin(db=self._blocks, buffers=True) as txn:
+            values = _walk_run(txn, file_id, version, first, count)
+            return None if values is None else _join_verified(values)
 
     def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
-                    stamps: dict[BlockKey | KeyTuple, int]) -> None:
-        """Apply one batch in one write transaction (all or nothing)."""
+                    stamps: dict[BlockKey | KeyTuple, int]) -> dict[BlockKey, int]:
+        """Apply one batch in one write transaction (all or nothing); returns where in the map
+        each put value now lies (see ``read_run_resident``)."""
         with self.env.begin(write=True) as txn:
             for key, data in puts.items():
                 txn.put(key.pack(), block_checksum(data) + data, db=self._blocks)
@@ -145,9 +196,19 @@ class BlockStore:
                 txn.delete(packed, db=self._stamps)
             for key, stamp in stamps.items():
                 txn.put(_KEY.pack(*key), _STAMP.pack(stamp), db=self._stamps)
+        addresses = {}
+        # A write transaction holds its pages in its own memory; after the commit they are
+        # in the map, where readers find them (pages just written: in the page cache).
+        with self.env.begin(db=self._blocks, buffers=True) as txn:
+            for key in puts:
+                value = txn.get(key.pack())
+                if value is not None:
+                    addresses[key] = buffer_address(value)
+        return addresses
 
     def index(self) -> list[IndexEntry]:
-        """Every cached block with its size and last-use stamp, least recently used first."""
+        """Every cached block with its size, last-use stamp and value address, least recently
+        used first."""
         entries: list[IndexEntry] = []
         with self.env.begin(buffers=True) as txn:
             stamps = txn.cursor(db=self._stamps)
@@ -158,6 +219,7 @@ class BlockStore:
                 # A damaged value may be shorter than its checksum; it is caught on read, and
                 # must not count as negative bytes until then.
                 size = max(0, len(raw_value) - CHECKSUM_BYTES)
-                entries.append(IndexEntry(BlockKey.unpack(key), size, stamp))
+                entries.append(IndexEntry(BlockKey.unpack(key), size, stamp,
+                                          buffer_address(raw_value)))
         entries.sort(key=lambda e: e.stamp)
         return entries

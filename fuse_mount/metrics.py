@@ -10,6 +10,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 SOURCE_CACHE = "cache"
 SOURCE_HUB = "hub"
+PATH_INLINE = "inline"
+PATH_THREAD = "reader_thread"
 
 READS = Counter("neuralcache_reads_total", "FUSE read requests served, by outcome.", ["outcome"])
 READ_BYTES = Counter(
@@ -23,6 +25,10 @@ READ_LATENCY = Histogram(
     "neuralcache_read_latency_seconds", "Time to serve one FUSE read, by source.", ["source"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
              1.0, 2.5, 5.0, 10.0))
+CACHE_RUN_READS = Counter(
+    "neuralcache_cache_run_reads_total",
+    "Warm reads of a run of cached blocks from LMDB, by where they ran: 'inline' on the event "
+    "loop (short, every page in RAM) or handed to the 'reader_thread'.", ["path"])
 CACHE_USED_BYTES = Gauge("neuralcache_cache_used_bytes", "Block bytes held in the cache.")
 CACHE_CAPACITY_BYTES = Gauge("neuralcache_cache_capacity_bytes", "The cache's size limit.")
 CACHE_BLOCKS = Gauge("neuralcache_cache_blocks", "Blocks held in the cache.")

@@ -1,4 +1,5 @@
-"""The one thread that runs the spoke's LMDB reads, so the event loop never waits for the disk.
+"""The one thread that runs the spoke's LMDB reads that may wait for the disk, so the event
+loop never does (reads whose pages are in RAM the loop may do itself: ``BlockCache.read_run``).
 
 One thread, not a pool: the GIL lets one thread run Python at a time anyway, and a warm read is
 mostly the hand-off, which ``ReaderThread`` keeps as cheap as it gets on Linux.

@@ -1,0 +1,103 @@
+"""Is this memory in RAM? ``mincore(2)`` over mapped memory, for the inline warm read.
+
+The event loop may read an LMDB value itself only if touching it cannot wait for the disk,
+that is if every page under it is in the page cache. ``mincore`` answers that for a mapped
+file without touching the pages (for a file the caller may write, as the daemon may its own
+cache file: the kernel hides other files' page cache from it). Addresses of read-only
+buffers, such as LMDB's views, are taken through the buffer protocol (``ctypes`` maps only
+writable ones); at about a microsecond each, that is done when blocks are indexed or
+written, not on every read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+
+PAGE_SIZE = mmap.PAGESIZE
+_PAGE_MASK = ~(PAGE_SIZE - 1)
+MERGE_GAP_PAGES = 4
+"""Buffers at most this many pages apart are checked with one ``mincore`` call over the gap
+too: a syscall costs more here than a few more bytes of result, and a gap page that is not
+resident only sends the read the slow, always-correct way."""
+MAX_CHECK_PAGES = 4096
+"""Pages one call may ask about (16 MiB): the result vector is sized for this once."""
+_MERGE_GAP_BYTES = MERGE_GAP_PAGES * PAGE_SIZE
+_RESIDENT_BIT = 1  # mincore sets the lowest bit of a page's byte if the page is resident
+_LOW_BIT = bytes(b & _RESIDENT_BIT for b in range(256))  # translate table: byte -> its low bit
+
+
+class _PyBuffer(ctypes.Structure):
+    """CPython's ``Py_buffer`` (stable layout since 3.3)."""
+
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p),
+                ("len", ctypes.c_ssize_t), ("itemsize", ctypes.c_ssize_t),
+                ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("suboffsets", ctypes.c_void_p),
+                ("internal", ctypes.c_void_p)]
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+_PYBUF_SIMPLE = 0
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mincore = _libc.mincore
+_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+_mincore.restype = ctypes.c_int
+
+
+def buffer_address(buffer: object) -> int:
+    """The address of a contiguous buffer's first byte (read-only ones too); thread-safe."""
+    view = _PyBuffer()
+    _get_buffer(buffer, ctypes.byref(view), _PYBUF_SIMPLE)  # raises if it has no buffer
+    address: int = view.buf or 0
+    _release_buffer(ctypes.byref(view))
+    return address
+
+
+class ResidencyProbe:
+    """Answers "are all these pages resident?" with as few syscalls as it can.
+
+    Not thread-safe (one result vector): one per thread that asks, in the daemon the event
+    loop's.
+    """
+
+    def __init__(self) -> None:
+        self._vector = ctypes.create_string_buffer(MAX_CHECK_PAGES)
+
+    def all_resident(self, addresses: list[int], length: int) -> bool:
+        """True if every page of ``[address, address + length)`` for every address is in RAM
+        now, so touching them cannot wait for the disk. False if any is not, or if the kernel
+        does not say (the caller then takes the path that may wait)."""
+        if not addresses:
+            return True
+        low, high = min(addresses), max(addresses) + length
+        # A run's values written together lie side by side in the map: then one call over
+        # the stretch from the first to the last answers for all of them.
+        if high - low <= len(addresses) * (length + PAGE_SIZE) + _MERGE_GAP_BYTES:
+            return self._span_resident(low & _PAGE_MASK, high)
+        run_start = run_end = -1
+        for start in sorted(addresses):
+            end = start + length
+            start &= _PAGE_MASK
+            if start <= run_end + _MERGE_GAP_BYTES:
+                if end > run_end:
+                    run_end = end
+                continue
+            if run_start >= 0 and not self._span_resident(run_start, run_end):
+                return False
+            run_start, run_end = start, end
+        return self._span_resident(run_start, run_end)
+
+    def _span_resident(self, start: int, end: int) -> bool:
+        """``start`` page-aligned; every page of ``[start, end)`` resident?"""
+        pages = (end - start + PAGE_SIZE - 1) // PAGE_SIZE
+        if pages > MAX_CHECK_PAGES or _mincore(start, end - start, self._vector) != 0:
+            return False  # too long to ask about, or e.g. ENOMEM (unmapped): do not guess
+        return ctypes.string_at(self._vector, pages).translate(_LOW_BIT).find(0) < 0

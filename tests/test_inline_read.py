@@ -1,0 +1,178 @@
+"""The warm read served on the event loop: the residency check, and the fall back to the reader
+thread when the cache file's pages are not in RAM."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
+from fuse_mount.block_store import BlockKey, BlockStore
+from fuse_mount.residency import PAGE_SIZE, ResidencyProbe, buffer_address
+from neuralcache.blocks import BLOCK_SIZE
+from tests.fabric_helpers import metric
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+FILE_PAGES = 16
+RUN_READS = "neuralcache_cache_run_reads_total"
+
+
+def evict(path: Path) -> None:
+    """Drop a file's clean pages from the page cache (those no process has mapped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def mapped_file(tmp_path: Path):
+    path = tmp_path / "pages"
+    path.write_bytes(os.urandom(FILE_PAGES * PAGE_SIZE))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        yield path, mm
+
+
+def test_a_buffer_in_memory_is_resident() -> None:
+    probe = ResidencyProbe()
+    data = os.urandom(3 * PAGE_SIZE + 5)
+    start = buffer_address(data)
+    assert probe.all_resident([start, start + PAGE_SIZE + 1], 2 * PAGE_SIZE)
+    assert probe.all_resident([start + 3 * PAGE_SIZE, start], 5)  # apart and out of order
+    assert probe.all_resident([], PAGE_SIZE)
+
+
+def test_the_address_is_the_buffers_own() -> None:
+    data = bytearray(100)
+    view = memoryview(data).toreadonly()
+    assert buffer_address(view[10:]) == buffer_address(view) + 10
+    with pytest.raises(TypeError):
+        buffer_address(3)
+
+
+def test_an_evicted_page_of_a_file_mapping_is_not_resident(mapped_file) -> None:
+    path, mm = mapped_file
+    mm.madvise(mmap.MADV_RANDOM)  # a fault reads its page only (as LMDB's map is set up)
+    probe = ResidencyProbe()
+    view = memoryview(mm)
+    base = buffer_address(view)
+    page = [base + i * PAGE_SIZE for i in range(FILE_PAGES)]
+    assert view[3 * PAGE_SIZE] >= 0 and view[9 * PAGE_SIZE] >= 0  # touch two pages
+    mm.madvise(mmap.MADV_DONTNEED)  # unmap them from this process, so that
+    evict(path)  # the page cache may drop them
+    if probe.all_resident(page[3:4], PAGE_SIZE):
+        pytest.skip("this filesystem keeps the file in the page cache")
+    assert not probe.all_resident(page, PAGE_SIZE)
+    assert not probe.all_resident([page[9]], 1)
+    assert view[9 * PAGE_SIZE] >= 0  # read back from the disk
+    assert probe.all_resident([page[9]], PAGE_SIZE)
+    assert not probe.all_resident([page[9]], PAGE_SIZE + 1)  # reaches into page 10
+    assert not probe.all_resident([page[9], page[15]], 1)  # checked apart, the second fails
+    assert not probe.all_resident([page[15], page[9]], 1)
+    view.release()
+
+
+def _filled_store(path: Path, blocks: int) -> dict[BlockKey, bytes]:
+    store = BlockStore(str(path), 4 * blocks * BLOCK_SIZE)
+    data = {BlockKey(1, 1, b): os.urandom(BLOCK_SIZE) for b in range(blocks)}
+    store.write_batch(data, [], {})
+    store.close()
+    return data
+
+
+def test_a_run_whose_pages_were_evicted_is_read_by_the_thread_then_inline(
+        tmp_path: Path) -> None:
+    blocks, first, count = 16, 8, 4
+    data = _filled_store(tmp_path, blocks)
+    cache = BlockCache(BlockStore(str(tmp_path), 4 * blocks * BLOCK_SIZE),
+                       4 * blocks * BLOCK_SIZE)
+    keys = [BlockKey(1, 1, b) for b in range(first, first + count)]
+    addresses = [cache._addresses[k] for k in keys]
+    expected = b"".join(data[k] for k in keys)
+    probe = ResidencyProbe()
+    for address in cache._addresses.values():  # out of this process's page tables, then RAM
+        start = address & ~(PAGE_SIZE - 1)
+        assert _libc.madvise(start, 2 * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
+    evict(tmp_path / "data.mdb")
+    if probe.all_resident(addresses, 1):
+        cache.close()
+        pytest.skip("this filesystem keeps the file in the page cache")
+    assert cache.store.read_run_resident(1, 1, first, count, addresses, probe) is None
+
+    async def read() -> bytes | None:
+        return await cache.read_run(1, 1, first, count)
+
+    inline = metric(RUN_READS, {"path": "inline"})
+    thread = metric(RUN_READS, {"path": "reader_thread"})
+    try:
+        assert trio.run(read) == expected
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+        assert metric(RUN_READS, {"path": "inline"}) == inline
+        # The thread's read brought the pages back: the same run is now served on the loop.
+        assert trio.run(read) == expected
+        assert metric(RUN_READS, {"path": "inline"}) == inline + 1
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+    finally:
+        cache.close()
+
+
+def test_addresses_follow_writes_and_evictions(tmp_path: Path) -> None:
+    """A block written in this mount is read inline once its batch is on disk; a block
+    evicted and written again gets its new address."""
+    capacity = 4 * BLOCK_SIZE
+    cache = BlockCache(BlockStore(str(tmp_path), capacity), capacity)
+    keys = [BlockKey(1, 1, b) for b in range(6)]
+    blocks = {k: os.urandom(BLOCK_SIZE) for k in keys}
+
+    async def main() -> None:
+        for k in keys[:4]:
+            cache.put(k, blocks[k])
+        assert await cache.read_run(1, 1, 0, 2) is None  # still in memory: get_many's
+        await cache.flush()
+        inline = metric(RUN_READS, {"path": "inline"})
+        assert await cache.read_run(1, 1, 0, 4) == b"".join(blocks[k] for k in keys[:4])
+        assert metric(RUN_READS, {"path": "inline"}) == inline + 1
+        for k in keys[4:]:
+            cache.put(k, blocks[k])  # evicts blocks 0 and 1
+        assert keys[0] not in cache._addresses and keys[1] not in cache._addresses
+        await cache.flush()
+        blocks[keys[0]] = os.urandom(BLOCK_SIZE)
+        cache.put(keys[0], blocks[keys[0]])
+        await cache.flush()
+        assert await cache.read_run(1, 1, 0, 1) == blocks[keys[0]]
+        assert metric(RUN_READS, {"path": "inline"}) == inline + 2
+        with cache.store.env.begin(db=cache.store._blocks, buffers=True) as txn:
+            for k in cache.policy.oldest_first():
+                assert cache._addresses[k] == buffer_address(txn.get(k.pack()))
+    try:
+        trio.run(main)
+    finally:
+        cache.close()
+
+
+def test_runs_past_the_inline_limit_and_missing_blocks_go_to_the_thread(
+        tmp_path: Path) -> None:
+    blocks = INLINE_MAX_BLOCKS + 1
+    data = _filled_store(tmp_path, blocks)
+    cache = BlockCache(BlockStore(str(tmp_path), 4 * blocks * BLOCK_SIZE),
+                       4 * blocks * BLOCK_SIZE)
+    probe = ResidencyProbe()
+    try:
+        # Not wholly stored: the resident read declines, like read_run.
+        known = [cache._addresses[BlockKey(1, 1, blocks - 1)]] * 2
+        assert cache.store.read_run_resident(1, 1, blocks - 1, 2, known, probe) is None
+        assert cache.store.read_run_resident(1, 1, 0, 0, [], probe) == b""
+        thread = metric(RUN_READS, {"path": "reader_thread"})
+        whole = trio.run(cache.read_run, 1, 1, 0, blocks)
+        assert whole == b"".join(data[BlockKey(1, 1, b)] for b in range(blocks))
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+    finally:
+        cache.close()
