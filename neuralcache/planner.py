@@ -205,17 +205,17 @@ class Planner:
         contains = self.cache.contains
         out = []
         for a, b in known.uncovered(first, stop):
-            run = None
-            for block in range(a, b + 1):
-                if block < b and not contains(file_id, block):
-                    if run is None:
-                        run = block
-                    continue
-                if block < b:
-                    known.add(block, block + 1)
-                if run is not None:
-                    out.append((run, block))
-                    run = None
+            block = a
+            while block < b:
+                start = block
+                while block < b and not contains(file_id, block):
+                    block += 1
+                if block > start:
+                    out.append((start, block))
+                start = block
+                while block < b and contains(file_id, block):
+                    block += 1
+                known.add(start, block)  # remembered in one step per cached stretch
         return out
 
     def _issue(self, now: float, need_at: float, file_id: int, first: int, stop: int,
@@ -239,10 +239,15 @@ class Planner:
                 if skip_to > block:
                     fresh = False
                 else:
-                    fresh = not contains(file_id, block)
-                    if not fresh:
-                        known.add(block, block + 1)
-                    skip_to = block + 1
+                    # Cached blocks are remembered a stretch at a time (one insertion each):
+                    # a fill walks whole files that are mostly cached already.
+                    while skip_to < stop and contains(file_id, skip_to):
+                        skip_to += 1
+                    fresh = skip_to == block
+                    if fresh:
+                        skip_to = block + 1
+                    else:
+                        known.add(block, skip_to)
             else:
                 fresh = (run_start is not None and block - run_start < MAX_REQUEST_BLOCKS
                          and room_blocks > 0 and guessed_by(block_key(file_id, block), source)

@@ -30,6 +30,11 @@ SEQ_CONFIDENCE_MAX = 3
 RATE_WINDOW_S = 0.25
 """A stream's read rate is re-measured over windows of this length."""
 
+NEAR_BUCKET_BLOCKS = MATCH_FORWARD_BLOCKS
+"""Width of the buckets that index streams by the blocks a read may continue them from, so
+matching a read looks at the few streams near it, not at every stream of its file (a
+shuffled sampler keeps ``MAX_STREAMS`` one-read streams in one file)."""
+
 HISTORY = 3
 """Deltas kept per stream: the longest context of the sequence model."""
 
@@ -44,7 +49,7 @@ class Stream:
     __slots__ = (
         "sid", "hint", "file_id", "last_block", "last_len", "stride", "stride_conf", "seq_conf",
         "deltas", "t_last", "t_mark", "bytes_mark", "rate", "accesses", "expect_keys", "run",
-        "state",
+        "state", "near_keys",
     )
 
     def __init__(self, sid: int, hint: int, file_id: int, first: int, count: int, now: float):
@@ -64,6 +69,7 @@ class Stream:
         self.accesses = 1
         self.run = 0  # consecutive reads that continued the run (sequential or the same stride)
         self.expect_keys: tuple[int, ...] = ()
+        self.near_keys: tuple[tuple[int, int], ...] = ()  # its buckets in StreamTable._near
         self.state: dict[str, object] = {}  # per-predictor scratch, keyed by predictor name
 
     @property
@@ -132,6 +138,8 @@ class StreamTable:
         self._streams: OrderedDict[int, Stream] = OrderedDict()  # least recently used first
         self._by_file: dict[int, set[int]] = {}
         self._expect: dict[int, int] = {}  # block key -> sid of a stream expecting that block
+        # (file, bucket) -> sids of streams a read in that bucket may continue (see _nearest)
+        self._near: dict[tuple[int, int], set[int]] = {}
         self._next_sid = 0
 
     def __len__(self) -> int:
@@ -175,7 +183,7 @@ class StreamTable:
 
     def _nearest(self, hint: int, file_id: int, first: int) -> Stream | None:
         best, best_cost = None, MATCH_FORWARD_BLOCKS + HINT_MISMATCH_PENALTY + 1
-        for sid in self._by_file.get(file_id, ()):
+        for sid in self._near.get((file_id, first // NEAR_BUCKET_BLOCKS), ()):
             s = self._streams[sid]
             gap = first - s.next_block
             if gap < 0:
@@ -185,7 +193,7 @@ class StreamTable:
             if gap > MATCH_FORWARD_BLOCKS:
                 continue
             cost = gap + (0 if s.hint == hint else HINT_MISMATCH_PENALTY)
-            if cost < best_cost:
+            if cost < best_cost or (cost == best_cost and best is not None and sid < best.sid):
                 best, best_cost = s, cost
         return best
 
@@ -228,6 +236,12 @@ class StreamTable:
             if self._expect.get(key) == stream.sid:
                 del self._expect[key]
         stream.expect_keys = ()
+        for near_key in stream.near_keys:
+            sids = self._near[near_key]
+            sids.discard(stream.sid)
+            if not sids:
+                del self._near[near_key]
+        stream.near_keys = ()
 
     def _index(self, stream: Stream) -> None:
         self._unindex(stream)
@@ -237,3 +251,10 @@ class StreamTable:
         for key in keys:
             self._expect[key] = stream.sid
         stream.expect_keys = tuple(keys)
+        # A read at blocks last_block .. next_block + MATCH_FORWARD_BLOCKS may continue it.
+        low = stream.last_block // NEAR_BUCKET_BLOCKS
+        high = (stream.next_block + MATCH_FORWARD_BLOCKS) // NEAR_BUCKET_BLOCKS
+        near_keys = tuple((stream.file_id, bucket) for bucket in range(low, high + 1))
+        for near_key in near_keys:
+            self._near.setdefault(near_key, set()).add(stream.sid)
+        stream.near_keys = near_keys

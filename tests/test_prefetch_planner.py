@@ -152,3 +152,21 @@ def test_completions_of_small_requests_do_not_cut_the_next_ones_smaller():
     assert sizes and min(sizes) == 4  # whole items, never a cut-off block or two
     in_flight = sum(r.count for r in inflight) * BLOCK_SIZE
     assert in_flight > planner.inflight_budget() - MIN_ISSUE_BYTES - 4 * BLOCK_SIZE
+
+
+def test_a_mostly_cached_file_is_walked_into_requests_for_the_gaps_only():
+    """A window over a file that is mostly cached (as a working-set fill's is) asks for the
+    missing blocks only, and remembers the cached stretches, so neither the next plan nor
+    ``unknown_runs`` asks the cache about them again; an eviction reopens its blocks."""
+    cache = DictCache()
+    cache.keys.update((1 << 40) | b for b in range(0, 1000) if b not in (300, 301, 700))
+    planner = _planner(cache)
+    planner.offer(ListWindow([(1, 0, 1000)], source="fill", need_in=10.0))
+    reqs = planner.plan(0.0, 0.5)
+    assert [(r.first, r.count) for r in reqs] == [(300, 2), (700, 1)]
+    assert planner._known[1].intervals() == [(0, 1000)]  # cached stretches plus the requests
+    assert planner.unknown_runs(1, 0, 1000) == []
+    planner.on_evicted(1, 500, 510)
+    cache.keys.difference_update((1 << 40) | b for b in range(505, 510))
+    assert planner.unknown_runs(1, 490, 520) == [(505, 510)]
+    assert planner._known[1].intervals() == [(0, 505), (510, 1000)]

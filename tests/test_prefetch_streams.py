@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuralcache.blocks import BLOCK_SIZE
-from neuralcache.streams import StreamTable
+from neuralcache.streams import (HINT_MISMATCH_PENALTY, MATCH_FORWARD_BLOCKS,
+                                 NEAR_BUCKET_BLOCKS, StreamTable)
 from tests.prefetch_helpers import shards
 
 
@@ -55,3 +56,49 @@ def test_table_stays_bounded_and_consistent(reads):
         obs = table.observe(i * 0.001, hint, fid, block * BLOCK_SIZE, n * BLOCK_SIZE)
         assert obs.stream.file_id == fid and obs.stream.last_block == block
         assert len(table) <= 8
+
+
+class ScanningStreamTable(StreamTable):
+    """The reference: ``_nearest`` by looking at every stream of the file, same costs and the
+    same tie-break (the oldest stream), without the bucket index."""
+
+    def _nearest(self, hint, file_id, first):
+        best, best_cost = None, MATCH_FORWARD_BLOCKS + HINT_MISMATCH_PENALTY + 1
+        for sid in sorted(self._by_file.get(file_id, ())):
+            s = self._streams[sid]
+            gap = first - s.next_block
+            if gap < 0:
+                if first < s.last_block:
+                    continue
+                gap = 0
+            if gap > MATCH_FORWARD_BLOCKS:
+                continue
+            cost = gap + (0 if s.hint == hint else HINT_MISMATCH_PENALTY)
+            if cost < best_cost:
+                best, best_cost = s, cost
+        return best
+
+
+reads = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 400),
+                           st.integers(1, 300)), min_size=1, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(reads, st.integers(2, 12))
+def test_the_nearness_index_matches_a_scan_of_every_stream(reads, max_streams):
+    """Near reads (within a bucket or two of a stream), long reads, re-reads, a few files and
+    a small table that evicts: every read joins the stream a full scan would pick."""
+    catalog = shards(size=1024 * BLOCK_SIZE)
+    indexed, scanned = StreamTable(catalog, max_streams), ScanningStreamTable(catalog, max_streams)
+    for i, (hint, file_id, block, count) in enumerate(reads):
+        args = (i * 0.001, hint, file_id, block * BLOCK_SIZE, count * BLOCK_SIZE)
+        got, want = indexed.observe(*args), scanned.observe(*args)
+        assert (got.stream.sid, got.delta, got.crossed_from) == (
+            want.stream.sid, want.delta, want.crossed_from)
+    # Every live stream is indexed under exactly the buckets of its current range.
+    expected = {}
+    for s in indexed.streams():
+        for bucket in range(s.last_block // NEAR_BUCKET_BLOCKS,
+                            (s.next_block + MATCH_FORWARD_BLOCKS) // NEAR_BUCKET_BLOCKS + 1):
+            expected.setdefault((s.file_id, bucket), set()).add(s.sid)
+    assert indexed._near == expected
