@@ -195,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="mount model: a read waits for a queued prefetch, unpromoted")
     parser.add_argument("--hedge-blocks", type=int, default=0,
                         help="mount model: demand fetches up to this many blocks are sent twice")
-    parser.add_argument("--plot", default="docs/prefetch-hit-ratio.png")
+    parser.add_argument("--plot", default=None,
+                        help="write the hit-ratio plot here (docs/prefetch-hit-ratio.png for the "
+                             "docs' figure; a --quick run should not overwrite it)")
     parser.add_argument("--markdown", help="also write the table to this file")
     args = parser.parse_args(argv)
     link = LinkModel(rtt=args.rtt_ms / 1000, bandwidth=args.mbit * 1e6 / 8)
