@@ -53,8 +53,8 @@ class Pacer:
 
     @property
     def capacity(self) -> float:
-        """Tokens the bucket holds at most, in bytes, at the current rate: what a late sender
-    may catch up by."""
+        """Tokens the bucket holds at most, in bytes, at the current rate: what a late
+        sender may catch up by."""
         return max(float(self.burst), self._rate * self.burst_seconds)
 
     def update_rate(self, rate: float, now: float | None = None) -> None:
