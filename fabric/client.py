@@ -202,6 +202,7 @@ class _Connection:
         self.last_sent = -math.inf
         self.send_lock = trio.Lock()
         self.closed = False
+        self.retransmitted = 0  # the hub's last count of bytes its TCP resent on this stream
         # Bulk connections: which replies reached the kernel, holes or not (transport.arrivals).
         self.arrivals = ArrivalTracker() if role == BULK else None
 
@@ -427,7 +428,8 @@ class HubClient:
         name = "demand" if job.priority == Priority.DEMAND else "prefetch"
         metrics.FABRIC_REQUESTS.labels(name).inc()
         if conn.arrivals is not None and not conn.closed:
-            conn.arrivals.expect(sent.req_id, read_reply_size(sent.req_id, first, max(count, 0)))
+            conn.arrivals.expect(sent.req_id, read_reply_size(sent.req_id, first, max(count, 0),
+                                                              loss_report=True))
         await self._send(conn, sent, encode(ReadRequest(
             sent.req_id, job.file_id, job.version, first, count, job.priority)))
 
@@ -458,6 +460,8 @@ class HubClient:
                 return
         del conn.pending[msg.req_id]
         conn.pending_bytes -= sent.nbytes
+        if isinstance(msg, ReadReply) and msg.retransmitted is not None:
+            self._report_loss(conn, msg.retransmitted)
         if conn.arrivals is not None:
             conn.arrivals.completed(msg.req_id, conn.reader.consumed)
         self._arrived(conn, sent)
@@ -467,6 +471,12 @@ class HubClient:
         if sent.read is not None:
             self._read_reply(sent, msg)
         self._wake.fire()
+
+    def _report_loss(self, conn: _Connection, retransmitted: int) -> None:
+        """Pass on what the hub's TCP resent on ``conn`` since its previous reply said."""
+        if retransmitted > conn.retransmitted:
+            self._pipe.on_path_loss(trio.current_time(), retransmitted - conn.retransmitted)
+            conn.retransmitted = retransmitted
 
     def _arrived(self, conn: _Connection, sent: _Sent) -> None:
         """``sent``'s reply has reached the spoke (its kernel, or the application): tell the

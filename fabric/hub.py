@@ -22,9 +22,9 @@ from neuralcache.blocks import BLOCK_SIZE
 
 from . import hub_metrics, metrics
 from .export import Export, ExportError
-from .protocol import (META_CHUNK_ENTRIES, MAX_READ_BLOCKS, OLDEST_PROTOCOL_VERSION,
-                       PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello, MetaReply,
-                       MetaRequest, ProtocolError, ReadRequest, Welcome, encode)
+from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
+                       OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
+                       MetaReply, MetaRequest, ProtocolError, ReadRequest, Welcome, encode)
 from .transport import tcp
 from .transport.blocksums import range_checksums
 from .transport.fair_queue import FairQueue
@@ -123,9 +123,10 @@ class HubServer:
                 return
             self._joined(spoke)
             outbox = _Outbox(OUTBOX_FRAMES)
+            report = retransmissions if reader.version >= LOSS_REPORT_VERSION else None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, stream, outbox, retransmissions)
-                await self._reader(reader, spoke, nursery, outbox)
+                await self._reader(reader, spoke, nursery, outbox, report)
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
             metrics.PROTOCOL_ERRORS.labels("hub").inc()
@@ -167,7 +168,9 @@ class HubServer:
         return msg.client
 
     async def _reader(self, reader: FrameReader, spoke: str, nursery: trio.Nursery,
-                      outbox: _Outbox) -> None:
+                      outbox: _Outbox, report: _Retransmissions | None) -> None:
+        """Serve the connection's requests; ``report`` (protocol >= 3) tells each read reply
+        how much its connection has retransmitted."""
         slots = trio.Semaphore(self._max_outstanding)
         while True:
             msg = await reader.receive()
@@ -176,16 +179,16 @@ class HubServer:
             if not isinstance(msg, (ReadRequest, MetaRequest)):
                 raise ProtocolError(f"a spoke may not send {type(msg).__name__}")
             await slots.acquire()
-            nursery.start_soon(self._serve_request, msg, spoke, outbox, slots)
+            nursery.start_soon(self._serve_request, msg, spoke, outbox, slots, report)
 
     async def _serve_request(self, msg: ReadRequest | MetaRequest, spoke: str, outbox: _Outbox,
-                             slots: trio.Semaphore) -> None:
+                             slots: trio.Semaphore, report: _Retransmissions | None) -> None:
         try:
             if isinstance(msg, ReadRequest):
                 hub_metrics.HUB_REQUESTS.labels("read").inc()
                 await outbox.slots.acquire()
                 try:
-                    frame = await self._read(msg, spoke)
+                    frame = await self._read(msg, spoke, report)
                 except BaseException:
                     outbox.slots.release()
                     raise
@@ -199,7 +202,8 @@ class HubServer:
         finally:
             slots.release()
 
-    async def _read(self, req: ReadRequest, spoke: str) -> Frame:
+    async def _read(self, req: ReadRequest, spoke: str, report: _Retransmissions | None
+                    ) -> Frame:
         if not 0 < req.count <= MAX_READ_BLOCKS:
             return _error(req.req_id, ErrorCode.BAD_REQUEST,
                           f"block count must be 1..{MAX_READ_BLOCKS}, got {req.count}")
@@ -215,7 +219,8 @@ class HubServer:
         finally:
             self._gate.release()
         hub_metrics.HUB_SENT_BYTES.inc(len(data))
-        return read_reply_frame(req.req_id, req.first, data, sums)
+        return read_reply_frame(req.req_id, req.first, data, sums,
+                                None if report is None else report.total)
 
     def _read_and_sum(self, req: ReadRequest) -> tuple[bytes, bytes]:
         data = self.export.read_blocks(req.file_id, req.version, req.first, req.count)
@@ -245,6 +250,11 @@ class _Retransmissions:
     def __init__(self, stream: trio.abc.Stream) -> None:
         self._stream = stream
         self._counted = 0
+
+    @property
+    def total(self) -> int:
+        """Bytes retransmitted on the connection as of the last frame sent."""
+        return self._counted
 
     def update(self) -> None:
         total = tcp.retransmitted_bytes(self._stream)

@@ -15,15 +15,19 @@ from typing import Any, ClassVar, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """Bumped on any incompatible change; the hub refuses a hello outside
-``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``."""
+``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``,
+version 3 ``ReadReply.retransmitted``. A hub serves every older spoke, so upgrade hubs first."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """Oldest spoke protocol a hub still serves: version 1 sends 5-field ReadRequests (all demand)."""
 
 PRIORITY_VERSION = 2
 """First protocol version whose ReadRequest carries a priority."""
+
+LOSS_REPORT_VERSION = 3
+"""First protocol version whose ReadReply reports the hub's TCP retransmissions."""
 
 MAX_FRAME = 16 * 1024 * 1024
 """Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a
@@ -154,6 +158,9 @@ class ReadReply:
     first: int
     data: bytes
     checksums: bytes  # CHECKSUM_BYTES per block
+    retransmitted: int | None = None
+    """Bytes the hub's TCP has sent more than once on this connection so far (version >= 3):
+    the loss that TCP repairs below the spoke, which its congestion controller cannot see."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +192,10 @@ def _is_priority(v: Any) -> bool:
 def _fields(msg: Message) -> list[Any]:
     if isinstance(msg, MetaReply):
         return [msg.req_id, [e.to_wire() for e in msg.entries], msg.done]
-    return [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
+    if isinstance(msg, ReadReply) and msg.retransmitted is None:
+        fields.pop()  # the version-2 form
+    return fields
 
 
 def encode(msg: Message) -> bytes:
@@ -205,13 +215,15 @@ def _decode_meta_reply(fields: list[Any]) -> MetaReply:
 
 
 def _decode_read_reply(fields: list[Any]) -> ReadReply:
-    _expect(len(fields) == 4, "read reply needs 4 fields")
-    req_id, first, data, checksums = fields
+    _expect(len(fields) in (4, 5), "read reply needs 4 or 5 fields")
+    req_id, first, data, checksums, *rest = fields
     _expect(_is_uint(req_id) and _is_uint(first), "malformed read reply header")
+    retransmitted = rest[0] if rest else None
+    _expect(not rest or _is_uint(retransmitted), "malformed retransmitted count")
     _expect(isinstance(data, bytes) and isinstance(checksums, bytes),
             "read reply payload not binary")
     _expect(len(checksums) % CHECKSUM_BYTES == 0, "checksum field has a partial checksum")
-    return ReadReply(req_id, first, data, checksums)
+    return ReadReply(req_id, first, data, checksums, retransmitted)
 
 
 # (class, field validators) for messages whose fields are all scalars.

@@ -240,3 +240,29 @@ def test_mixed_request_sizes(sizes, min_util, max_mean_queue_bdps):
     assert r.utilization(4.0, 10.0) >= min_util
     assert r.queue_mean(4.0, 10.0) <= max_mean_queue_bdps * link.bdp
     assert r.flows[0].snapshot_at(10.0).btl_bw == pytest.approx(RATE, rel=0.02)
+
+
+def _app_limited_startup(resent_share: float) -> BBR:
+    """A flow that keeps 8 requests in flight and marks itself app-limited at every send,
+    with the transport below reporting ``resent_share`` of each ack's bytes as resent."""
+    cc = BBR(seed=0, mss=MSS)
+    t, sent, acked = 0.0, 0, 0
+    while t < 3.0:
+        while sent - acked < 8:
+            cc.on_app_limited(t)
+            cc.on_packet_sent(t, sent, MSS)
+            sent += 1
+        t += RTT / 8
+        cc.on_packet_acked(t, acked)
+        cc.on_path_loss(t, int(resent_share * MSS))
+        acked += 1
+    return cc
+
+
+def test_startup_ends_on_loss_repaired_below_even_when_app_limited():
+    """App-limited rounds never end STARTUP by the growth test; a round with more than 2 % of
+    its bytes resent by TCP does, and 1 % does not."""
+    assert _app_limited_startup(0.0).state is BBRState.STARTUP
+    assert _app_limited_startup(0.01).state is BBRState.STARTUP
+    lossy = _app_limited_startup(0.05)
+    assert lossy.full_bw_reached and lossy.state is not BBRState.STARTUP

@@ -48,8 +48,6 @@ from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
 REPO = Path(__file__).resolve().parent.parent
 
 
-
-
 # -- protocol: the priority extension ---------------------------------------------------------
 
 def test_priority_round_trips_and_a_version_1_request_is_demand() -> None:
@@ -343,6 +341,12 @@ def test_scatter_gather_reply_frames_equal_encode(count: int) -> None:
         wire = encode(ReadReply(req_id, first, data, sums))
         assert b"".join(read_reply_frame(req_id, first, data, sums)) == wire
         assert read_reply_size(req_id, first, count) == len(wire)
+        for resent in (0, 1448, 2**40):  # protocol 3: the hub's retransmitted count at the end
+            wire = encode(ReadReply(req_id, first, data, sums, resent))
+            assert b"".join(read_reply_frame(req_id, first, data, sums, resent)) == wire
+            assert decode_payload(wire[4:]) == ReadReply(req_id, first, data, sums, resent)
+            # The size the arrival tracker expects may exceed the frame, never fall short.
+            assert 0 <= read_reply_size(req_id, first, count, loss_report=True) - len(wire) <= 8
 
 
 @trio_test
@@ -575,6 +579,16 @@ async def test_a_version_1_spoke_is_still_served(export_dir: Path) -> None:
                 msgs += decoder.feed(await raw.receive_some(1 << 20))
         assert msgs[0] == Welcome(1, str(export_dir.resolve()))
         assert isinstance(msgs[1], ReadReply) and msgs[1].data == blocks_of(export_dir, 3, 2)
+        assert msgs[1].retransmitted is None  # the 4-field reply an old spoke can decode
+        for version, reports in ((2, False), (PROTOCOL_VERSION, True)):
+            async with await trio.open_tcp_stream(LOCALHOST, hub.port) as raw:
+                await raw.send_all(encode(Hello(version, "spoke"))
+                                   + encode(ReadRequest(1, e.file_id, e.version, 3, 2)))
+                decoder, msgs = FrameDecoder(), []
+                while len(msgs) < 2:
+                    msgs += decoder.feed(await raw.receive_some(1 << 20))
+            assert isinstance(msgs[1], ReadReply)
+            assert (msgs[1].retransmitted is not None) is reports, version
         async with await trio.open_tcp_stream(LOCALHOST, hub.port) as raw:
             await raw.send_all(encode(Hello(PROTOCOL_VERSION + 1, "future")))
             reply = FrameDecoder().feed(await raw.receive_some(1 << 16))

@@ -120,6 +120,9 @@ class CongestionController(Protocol):
     def on_bytes_delivered(self, now: float, nbytes: int) -> None:
         """`nbytes` that are none of the controller's packets (demand replies) crossed the path."""
 
+    def on_path_loss(self, now: float, nbytes: int) -> None:
+        """The transport below resent `nbytes` (TCP repaired a loss the packets never showed)."""
+
     def on_app_limited(self, now: float) -> None:
         """cwnd had room but the application had nothing to request."""
 
@@ -308,6 +311,10 @@ class SampledController:
     def on_bytes_delivered(self, now: float, nbytes: int) -> None:
         """Demand reply bytes arrived: they count in the delivery rate, not in the window."""
         self.sampler.on_delivered(now, nbytes)
+
+    def on_path_loss(self, now: float, nbytes: int) -> None:
+        """Loss repaired below the packets: only BBR's STARTUP exit uses it (BBR v1 and CUBIC
+        react to their own packets' loss, which this is not)."""
 
     def _stats(self, *, state: str, btl_bw: float, min_rtt: float) -> CongestionStats:
         s = self.sampler

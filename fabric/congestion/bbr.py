@@ -81,6 +81,14 @@ FULL_BW_GROWTH = 1.25
 FULL_BW_ROUNDS = 3
 """...and ends after this many rounds without such growth."""
 
+STARTUP_LOSS_RATE = 0.02
+"""STARTUP also ends after a round in which the transport below resent more than this share of
+the bytes delivered (BBR v2's ``bbr_loss_thresh``; v1 has no loss exit, but its packets see
+the loss, where ours are requests whose loss TCP repairs out of sight). A prefetcher slower
+than the link keeps the flow app-limited, which the growth test ignores, so STARTUP went on
+pacing bursts at 2.9x into a one-BDP bottleneck buffer: 15,868 tail drops in a full-size cold
+sequential `bench.repro` run. Random loss below this share does not end it."""
+
 PACING_MARGIN = 0.01
 """Pace 1 % below the estimate so the bottleneck queue drains on average."""
 
@@ -129,6 +137,8 @@ class BBR(SampledController):
         self.full_bw_reached = False
         self._full_bw = 0.0
         self._full_bw_count = 0
+        self._round_resent = 0  # bytes the transport resent during this round
+        self._round_delivered_mark = 0  # sampler.delivered when this round started
         self._cycle_index = 0
         self._cycle_stamp = 0.0
         self._prior_cwnd = 0
@@ -219,8 +229,19 @@ class BBR(SampledController):
         self._cycle_index = (self._cycle_index + 1) % len(PACING_GAIN_CYCLE)
         self._cycle_stamp = self.sampler.delivered_time
 
+    def on_path_loss(self, now: float, nbytes: int) -> None:
+        self._round_resent += max(nbytes, 0)
+
     def _check_full_bw_reached(self, rs: RateSample) -> None:
-        if self.full_bw_reached or not self._round_start or rs.is_app_limited:
+        if self.full_bw_reached or not self._round_start:
+            return
+        delivered = self.sampler.delivered - self._round_delivered_mark
+        resent, self._round_resent = self._round_resent, 0
+        self._round_delivered_mark = self.sampler.delivered
+        if delivered > 0 and resent > STARTUP_LOSS_RATE * delivered:
+            self.full_bw_reached = True  # the bottleneck queue overflows: the pipe is full
+            return
+        if rs.is_app_limited:
             return
         if self.btl_bw >= self._full_bw * FULL_BW_GROWTH:
             self._full_bw = self.btl_bw

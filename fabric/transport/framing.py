@@ -26,30 +26,39 @@ STAGING_BYTES = 256 * 1024
 
 _HEADER = struct.Struct(">I")
 _FIXARRAY_5 = b"\x95"  # msgpack: an array of five items ([kind, req_id, first, data, sums])
+_FIXARRAY_6 = b"\x96"  # the same and the retransmitted count (protocol version >= 3)
+LOSS_FIELD_MAX_BYTES = 9
+"""Most bytes the retransmitted count takes in a reply (msgpack uint 64)."""
 
 Buffer = bytes | bytearray | memoryview
 Frame = Sequence[Buffer]
 """A frame as buffers to be sent back to back (scatter-gather, nothing joined in Python)."""
 
 
-def read_reply_frame(req_id: int, first: int, data: bytes, checksums: bytes) -> Frame:
+def read_reply_frame(req_id: int, first: int, data: bytes, checksums: bytes,
+                     retransmitted: int | None = None) -> Frame:
     """``encode(ReadReply(...))`` as three buffers, the block data not copied: the same bytes
     (msgpack encodes an array as its header followed by its items), without packing 4 MiB
     into msgpack's buffer, copying it out and copying it again behind the frame header."""
-    head = b"".join([_FIXARRAY_5, msgpack.packb(ReadReply.KIND), msgpack.packb(req_id),
+    head = b"".join([_FIXARRAY_5 if retransmitted is None else _FIXARRAY_6,
+                     msgpack.packb(ReadReply.KIND), msgpack.packb(req_id),
                      msgpack.packb(first), _bin_header(len(data))])
     tail = msgpack.packb(checksums, use_bin_type=True)
+    if retransmitted is not None:
+        tail += msgpack.packb(retransmitted)
     length = len(head) + len(data) + len(tail)
     if length > MAX_FRAME:
         raise ValueError(f"message of {length} bytes exceeds MAX_FRAME")
     return (_HEADER.pack(length) + head, data, tail)
 
 
-def read_reply_size(req_id: int, first: int, count: int) -> int:
-    """Bytes on the wire of the reply to a read of ``count`` whole blocks (frame header too)."""
+def read_reply_size(req_id: int, first: int, count: int, *, loss_report: bool = False) -> int:
+    """Bytes on the wire of the reply to a read of ``count`` whole blocks (frame header too);
+    with ``loss_report`` (version >= 3), the most the retransmitted count can add."""
     data = count * BLOCK_SIZE
     sums = count * CHECKSUM_BYTES
-    return (_HEADER.size + len(_FIXARRAY_5) + len(msgpack.packb(ReadReply.KIND))
+    return (loss_report * LOSS_FIELD_MAX_BYTES
+            + _HEADER.size + len(_FIXARRAY_5) + len(msgpack.packb(ReadReply.KIND))
             + len(msgpack.packb(req_id)) + len(msgpack.packb(first)) + len(_bin_header(data))
             + data + len(_bin_header(sums)) + sums)
 

@@ -197,6 +197,10 @@ class RequestPipe:
 
     # -- demand and completions ------------------------------------------------------------
 
+    def on_path_loss(self, now: float, nbytes: int) -> None:
+        """The hub reports that its TCP resent ``nbytes`` (protocol version >= 3)."""
+        self.controller.on_path_loss(self._since(now), nbytes)
+
     def send_demand(self, now: float, nbytes: int) -> None:
         """Charge a demand request of ``nbytes``, sent now, to the pacer."""
         t = self._since(now)
