@@ -9,8 +9,9 @@ Left out relative to the kernel (see docs/congestion.md): the long-term policer 
 recovery. Losses only take the lost bytes out of cwnd, which later acks grow back toward the
 model's target - the kernel's arithmetic outside its first recovery round - so loss never
 lowers the pacing rate or the bandwidth model. Added: PROBE_RTT is skipped when a recent RTT
-sample came within 1/8 of min_rtt (as Chromium QUIC's BBR may), and the minimum window is
-4 requests rather than 4 segments.
+sample came within 1/8 of min_rtt (as Chromium QUIC's BBR may), the minimum window is
+4 requests rather than 4 segments, and STARTUP also ends on loss that TCP repaired below the
+requests (BBR v2's loss threshold).
 """
 
 from __future__ import annotations
