@@ -179,9 +179,7 @@ class BlockStore:
             return b""
         if not probe.all_resident(addresses, VALUE_BYTES):
             return None
-        with self.env.begin(db=self._blocks, buffers=True) as txn:
-            values = _walk_run(txn, file_id, version, first, count)
-            return None if values is None else _join_verified(values)
+        return self.read_run(file_id, version, first, count)
 
     def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
                     stamps: dict[BlockKey | KeyTuple, int]) -> dict[BlockKey, int]:
