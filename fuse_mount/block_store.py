@@ -54,7 +54,8 @@ class BlockKey(NamedTuple):
 
 
 KeyTuple = tuple[int, int, int]
-"""A block key as a plain tuple: equal to, and hashing like, the ``BlockKey`` it names."""
+"""A block key as a plain tuple: equal to, and hashing like, the ``BlockKey`` it names. What the
+cache keeps per held block (the garbage collector leaves plain tuples of ints alone)."""
 
 
 def run_keys(file_id: int, version: int, first: int, count: int) -> list[KeyTuple]:
@@ -70,7 +71,7 @@ def run_keys(file_id: int, version: int, first: int, count: int) -> list[KeyTupl
 
 
 class IndexEntry(NamedTuple):
-    key: BlockKey
+    key: KeyTuple  # a plain tuple: the cache keeps it for as long as it holds the block
     size: int
     stamp: int
     address: int  # of the value in the map, while no write replaces or deletes it
@@ -181,15 +182,15 @@ class BlockStore:
             return None
         return self.read_run(file_id, version, first, count)
 
-    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
+    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey | KeyTuple],
                     stamps: dict[BlockKey | KeyTuple, int]) -> dict[BlockKey, int]:
         """Apply one batch in one write transaction (all or nothing); returns where in the map
         each put value now lies (see ``read_run_resident``)."""
         with self.env.begin(write=True) as txn:
             for key, data in puts.items():
-                txn.put(key.pack(), block_checksum(data) + data, db=self._blocks)
+                txn.put(_KEY.pack(*key), block_checksum(data) + data, db=self._blocks)
             for key in deletes:
-                packed = key.pack()
+                packed = _KEY.pack(*key)
                 txn.delete(packed, db=self._blocks)
                 txn.delete(packed, db=self._stamps)
             for key, stamp in stamps.items():
@@ -199,7 +200,7 @@ class BlockStore:
         # in the map, where readers find them (pages just written: in the page cache).
         with self.env.begin(db=self._blocks, buffers=True) as txn:
             for key in puts:
-                value = txn.get(key.pack())
+                value = txn.get(_KEY.pack(*key))
                 if value is not None:
                     addresses[key] = buffer_address(value)
         return addresses
@@ -217,7 +218,7 @@ class BlockStore:
                 # A damaged value may be shorter than its checksum; it is caught on read, and
                 # must not count as negative bytes until then.
                 size = max(0, len(raw_value) - CHECKSUM_BYTES)
-                entries.append(IndexEntry(BlockKey.unpack(key), size, stamp,
+                entries.append(IndexEntry(_KEY.unpack(key), size, stamp,
                                           buffer_address(raw_value)))
         entries.sort(key=lambda e: e.stamp)
         return entries

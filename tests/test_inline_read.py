@@ -151,7 +151,7 @@ def test_addresses_follow_writes_and_evictions(tmp_path: Path) -> None:
         assert metric(RUN_READS, {"path": "inline"}) == inline + 2
         with cache.store.env.begin(db=cache.store._blocks, buffers=True) as txn:
             for k in cache.policy.oldest_first():
-                assert cache._addresses[k] == buffer_address(txn.get(k.pack()))
+                assert cache._addresses[k] == buffer_address(txn.get(BlockKey._make(k).pack()))
     try:
         trio.run(main)
     finally:
