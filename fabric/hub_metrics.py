@@ -37,6 +37,10 @@ HUB_REQUESTS = _served(Counter(
     "neuralcache_hub_requests_total", "Requests the hub received, by kind.", ["kind"]))
 HUB_SENT_BYTES = _served(Counter(
     "neuralcache_hub_sent_bytes_total", "Block bytes the hub sent to spokes."))
+HUB_READS = _served(Counter(
+    "neuralcache_hub_reads_total",
+    "Block reads the hub served, by where it did them: 'inline' on its event loop (a small "
+    "read, every page already cached) or 'thread' in a worker thread.", ["path"]))
 HUB_ERRORS = _served(Counter(
     "neuralcache_hub_errors_total", "Requests the hub answered with an error, by code.",
     ["code"]))

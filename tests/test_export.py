@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import random
 import socket
 import stat
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from fabric.export import Export, ExportError, content_version
+from fabric import openat2
+from fabric.export import Confinement, Export, ExportError, WouldBlock, content_version
 from fabric.protocol import ErrorCode, MetaEntry
 from neuralcache.blocks import BLOCK_SIZE
 
@@ -42,6 +45,22 @@ ESCAPING_LINKS = {
 }
 
 
+def _kernel_has_openat2() -> bool:
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
+    try:
+        return openat2.supports(fd, openat2.RESOLVE_BENEATH)
+    finally:
+        os.close(fd)
+
+
+needs_openat2 = pytest.mark.skipif(not _kernel_has_openat2(), reason="kernel without openat2")
+BOTH_CONFINEMENTS = pytest.mark.parametrize(
+    "confinement", [pytest.param(Confinement.OPENAT2, marks=needs_openat2, id="openat2"),
+                    pytest.param(Confinement.REALPATH, id="realpath")])
+"""The refusals hold whether the kernel confines the open (openat2) or the hub checks the fd's
+real path after it (the fallback for kernels without openat2)."""
+
+
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     (tmp_path / "outside.txt").write_bytes(b"secret")
@@ -58,8 +77,9 @@ def tree(tmp_path: Path) -> Path:
     return root
 
 
-def scanned(root: Path) -> tuple[Export, dict[str, MetaEntry]]:
-    export = Export(str(root))
+def scanned(root: Path, confinement: Confinement | None = None
+            ) -> tuple[Export, dict[str, MetaEntry]]:
+    export = Export(str(root), confinement=confinement)
     return export, {e.path: e for e in export.scan()}
 
 
@@ -91,26 +111,29 @@ def test_scan_entries_describe_the_files(tree: Path) -> None:
         assert (entries[rel].target, entries[rel].size) == (target, len(target))
 
 
+@BOTH_CONFINEMENTS
 @settings(max_examples=40)
 @given(first=st.integers(0, 6), count=st.integers(1, 6))
 def test_read_blocks_returns_the_right_bytes(tmp_path_factory: pytest.TempPathFactory,
-                                             first: int, count: int) -> None:
+                                             confinement: Confinement, first: int,
+                                             count: int) -> None:
     root = tmp_path_factory.getbasetemp() / "read_blocks_tree"
     data = FILES["dir/b.bin"]
     if not root.exists():
         (root / "dir").mkdir(parents=True)
         (root / "dir/b.bin").write_bytes(data)
-    export, entries = scanned(root)
+    export, entries = scanned(root, confinement)
     e = entries["dir/b.bin"]
     got = export.read_blocks(e.file_id, e.version, first, count)
     assert got == data[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
 
 
+@BOTH_CONFINEMENTS
 @pytest.mark.parametrize("first,count", [(2**64 - 1, 1), (2**51, 1), (0, 2**64 - 1), (1, 2**62)])
 def test_block_numbers_at_the_protocols_limits_read_nothing_past_the_end(
-        tree: Path, first: int, count: int) -> None:
+        tree: Path, confinement: Confinement, first: int, count: int) -> None:
     """Any 64-bit range a request can carry is answered, never an overflow in the hub."""
-    export, entries = scanned(tree)
+    export, entries = scanned(tree, confinement)
     e = entries["dir/b.bin"]
     assert export.read_blocks(e.file_id, e.version, first, count) == \
         FILES["dir/b.bin"][first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
@@ -122,36 +145,43 @@ def _refused(export: Export, entry: MetaEntry) -> str:
     return info.value.code
 
 
-def test_a_file_appended_to_after_the_scan_is_stale(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_a_file_appended_to_after_the_scan_is_stale(tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     with open(tree / "a.txt", "ab") as f:
         f.write(b"more")
     assert _refused(export, entries["a.txt"]) == ErrorCode.STALE
 
 
-def test_a_file_touched_after_the_scan_is_stale(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_a_file_touched_after_the_scan_is_stale(tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     st_ = os.stat(tree / "a.txt")
     os.utime(tree / "a.txt", ns=(st_.st_atime_ns, st_.st_mtime_ns + 1_000_000_000))
     assert _refused(export, entries["a.txt"]) == ErrorCode.STALE
 
 
-def test_a_file_replaced_by_rename_is_stale(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_a_file_replaced_by_rename_is_stale(tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     (tree / "new").write_bytes(FILES["a.txt"])
     os.replace(tree / "new", tree / "a.txt")
     assert _refused(export, entries["a.txt"]) == ErrorCode.STALE
 
 
-def test_a_file_replaced_by_a_symlink_to_etc_passwd_is_refused(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_a_file_replaced_by_a_symlink_to_etc_passwd_is_refused(
+        tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     os.remove(tree / "a.txt")
     os.symlink("/etc/passwd", tree / "a.txt")
     assert _refused(export, entries["a.txt"]) == ErrorCode.NOT_FOUND
 
 
-def test_a_directory_replaced_by_a_symlink_leading_outside_is_refused(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_a_directory_replaced_by_a_symlink_leading_outside_is_refused(
+        tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     outside = tree.parent / "elsewhere"
     outside.mkdir()
     os.link(tree / "dir/b.bin", outside / "b.bin")  # even the very same inode, seen from outside
@@ -160,21 +190,24 @@ def test_a_directory_replaced_by_a_symlink_leading_outside_is_refused(tree: Path
     assert _refused(export, entries["dir/b.bin"]) in {ErrorCode.NOT_FOUND, ErrorCode.STALE}
 
 
-def test_a_deleted_file_is_not_found(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_a_deleted_file_is_not_found(tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     os.remove(tree / "a.txt")
     assert _refused(export, entries["a.txt"]) == ErrorCode.NOT_FOUND
 
 
-def test_an_unknown_id_or_a_directory_id_is_not_found(tree: Path) -> None:
-    export, entries = scanned(tree)
+@BOTH_CONFINEMENTS
+def test_an_unknown_id_or_a_directory_id_is_not_found(tree: Path, confinement: Confinement) -> None:
+    export, entries = scanned(tree, confinement)
     unknown = MetaEntry("x", "f", 0, 0, 0, max(e.file_id for e in entries.values()) + 1, 0)
     assert _refused(export, unknown) == ErrorCode.NOT_FOUND
     assert _refused(export, entries["dir"]) == ErrorCode.NOT_FOUND
 
 
-def test_reads_need_a_scan_first(tree: Path) -> None:
-    export = Export(str(tree))
+@BOTH_CONFINEMENTS
+def test_reads_need_a_scan_first(tree: Path, confinement: Confinement) -> None:
+    export = Export(str(tree), confinement=confinement)
     st_ = os.stat(tree / "a.txt")
     with pytest.raises(ExportError) as info:
         export.read_blocks(st_.st_ino, content_version(st_), 0, 1)
@@ -188,9 +221,135 @@ def test_an_export_root_that_is_not_a_directory_is_refused(tmp_path: Path) -> No
             Export(str(root))
 
 
-def test_an_export_reached_through_a_symlink_serves_its_files(tree: Path) -> None:
+@BOTH_CONFINEMENTS
+def test_an_export_reached_through_a_symlink_serves_its_files(
+        tree: Path, confinement: Confinement) -> None:
     alias = tree.parent / "alias"
     alias.symlink_to(tree)
-    export, entries = scanned(alias)
+    export, entries = scanned(alias, confinement)
     e = entries["a.txt"]
     assert export.read_blocks(e.file_id, e.version, 0, 1) == FILES["a.txt"]
+
+
+# -- the confined open -------------------------------------------------------------------------
+
+def test_the_default_confinement_is_the_kernels_where_it_has_openat2(tree: Path) -> None:
+    expected = Confinement.OPENAT2 if _kernel_has_openat2() else Confinement.REALPATH
+    assert Export(str(tree)).confinement is expected
+
+
+@BOTH_CONFINEMENTS
+@pytest.mark.parametrize("rel", ["../outside.txt", "dir/../../outside.txt", "/etc/passwd",
+                                 "link_in", "link_abs", "a.txt/x", "missing"])
+def test_no_path_out_of_the_export_or_onto_a_symlink_is_opened(
+        tree: Path, confinement: Confinement, rel: str) -> None:
+    with pytest.raises(ExportError) as info:
+        Export(str(tree), confinement=confinement).open_confined(rel)
+    assert info.value.code == ErrorCode.NOT_FOUND
+
+
+@needs_openat2
+@pytest.mark.parametrize("rel, errno_", [
+    ("../outside.txt", errno.EXDEV), ("/etc/passwd", errno.EXDEV),
+    ("link_in", errno.ELOOP), ("link_dir/b.bin", errno.ELOOP), ("dir/sub/link_deep", errno.ELOOP),
+])
+def test_openat2_says_exdev_for_an_escape_and_eloop_for_any_symlink_both_not_found(
+        tree: Path, rel: str, errno_: int) -> None:
+    """Even a symlink that stays inside (``link_dir``) is refused: no path the scan lists
+    passes through one, so meeting one means the tree changed under the snapshot."""
+    root_fd = os.open(tree, os.O_PATH | os.O_DIRECTORY)
+    how = openat2.OpenHow(os.O_RDONLY | os.O_NOFOLLOW, 0, openat2.RESOLVE_BENEATH
+                          | openat2.RESOLVE_NO_SYMLINKS | openat2.RESOLVE_NO_MAGICLINKS)
+    try:
+        with pytest.raises(OSError) as raw:
+            os.close(openat2.openat2(root_fd, os.fsencode(rel), how))
+    finally:
+        os.close(root_fd)
+    assert raw.value.errno == errno_
+    with pytest.raises(ExportError) as info:
+        Export(str(tree), confinement=Confinement.OPENAT2).open_confined(rel)
+    assert info.value.code == ErrorCode.NOT_FOUND
+
+
+# -- nowait reads --------------------------------------------------------------------------------
+
+NOWAIT_BLOCKS = 256
+NOWAIT_FILE = random.Random(5).randbytes(NOWAIT_BLOCKS * BLOCK_SIZE)
+
+
+def evict(path: Path) -> None:
+    """Drop a file's pages from the page cache (written out first: dirty pages stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@needs_openat2
+def test_a_nowait_read_serves_cached_pages_and_would_block_on_evicted_ones(tree: Path) -> None:
+    export, entries = scanned(tree, Confinement.OPENAT2)
+    e, data = entries["dir/b.bin"], FILES["dir/b.bin"]
+    assert export.nowait_reads
+    (tree / "dir/b.bin").read_bytes()
+    assert export.read_blocks(e.file_id, e.version, 0, 4, nowait=True) == data
+    evict(tree / "dir/b.bin")
+    with pytest.raises(WouldBlock):
+        export.read_blocks(e.file_id, e.version, 0, 4, nowait=True)
+    assert export.read_blocks(e.file_id, e.version, 0, 4) == data
+
+
+@needs_openat2
+def test_a_nowait_read_still_refuses_what_a_read_refuses(tree: Path) -> None:
+    export, entries = scanned(tree, Confinement.OPENAT2)
+    (tree / "new").write_bytes(FILES["a.txt"])
+    os.replace(tree / "new", tree / "a.txt")
+    os.remove(tree / "dir/sub/c")
+    for rel, code in (("a.txt", ErrorCode.STALE), ("dir/sub/c", ErrorCode.NOT_FOUND)):
+        with pytest.raises(ExportError) as info:
+            export.read_blocks(entries[rel].file_id, entries[rel].version, 0, 1, nowait=True)
+        assert info.value.code == code
+
+
+def test_without_openat2_every_nowait_read_would_block(tree: Path) -> None:
+    """A path open may read directories from disk, and nothing can make it say so instead."""
+    export, entries = scanned(tree, Confinement.REALPATH)
+    assert not export.nowait_reads
+    with pytest.raises(WouldBlock):
+        export.read_blocks(entries["a.txt"].file_id, entries["a.txt"].version, 0, 1, nowait=True)
+
+
+@needs_openat2
+@settings(max_examples=40, deadline=None)
+@given(cached_first=st.integers(0, NOWAIT_BLOCKS - 1), cached_count=st.integers(1, 16),
+       delta=st.integers(-4, 20), count=st.integers(1, 8))
+def test_a_nowait_read_returns_the_right_bytes_or_nothing(
+        tmp_path_factory: pytest.TempPathFactory, cached_first: int, cached_count: int,
+        delta: int, count: int) -> None:
+    """With only a run of blocks read back into the page cache (a blocking read, which may
+    read ahead beyond it), a range inside that run is served whole; any other may be
+    WouldBlock, but is never served short or wrong. (The whole file is evicted each time:
+    the page cache drops a large folio only whole, so a partial eviction may do nothing.)"""
+    root = tmp_path_factory.getbasetemp() / "nowait_tree"
+    if not root.exists():
+        root.mkdir()
+        (root / "f").write_bytes(NOWAIT_FILE)
+    export, entries = scanned(root, Confinement.OPENAT2)
+    e = entries["f"]
+    evict(root / "f")
+    fd = os.open(root / "f", os.O_RDONLY)
+    try:
+        os.pread(fd, cached_count * BLOCK_SIZE, cached_first * BLOCK_SIZE)
+    finally:
+        os.close(fd)
+    first = max(0, cached_first + delta)
+    inside = cached_first <= first and first + count <= cached_first + cached_count
+    try:
+        got = export.read_blocks(e.file_id, e.version, first, count, nowait=True)
+    except WouldBlock:
+        event("would block")
+        assert not inside
+    else:
+        event("served inside the cached run" if inside else "served")
+        assert got == NOWAIT_FILE[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]

@@ -380,10 +380,11 @@ async def test_a_silent_hub_during_reconnect_is_retried(export_dir: Path) -> Non
 class FaultyExport(Export):
     """An export whose reads of block 666 fail in a way no one planned for."""
 
-    def read_blocks(self, file_id: int, version: int, first: int, count: int) -> bytes:
+    def read_blocks(self, file_id: int, version: int, first: int, count: int, *,
+                    nowait: bool = False) -> bytes | bytearray:
         if first == 666:
             raise RuntimeError("injected fault")
-        return super().read_blocks(file_id, version, first, count)
+        return super().read_blocks(file_id, version, first, count, nowait=nowait)
 
 
 @trio_test

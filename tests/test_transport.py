@@ -30,7 +30,7 @@ from fabric import checksum
 from fabric.client import (DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS, HEDGE_MAX_BLOCKS,
                            HubClient)
 from fabric.congestion import create_controller
-from fabric.export import Export
+from fabric.export import Export, WouldBlock
 from fabric.protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, Priority,
                              ProtocolError, ReadReply, ReadRequest, Welcome, decode_payload,
                              encode)
@@ -403,7 +403,10 @@ class SlowExport(Export):
 
     delay = 0.02
 
-    def read_blocks(self, file_id: int, version: int, first: int, count: int) -> bytes:
+    def read_blocks(self, file_id: int, version: int, first: int, count: int, *,
+                    nowait: bool = False) -> bytes | bytearray:
+        if nowait:
+            raise WouldBlock("a slow disk always waits")
         time.sleep(self.delay)
         return super().read_blocks(file_id, version, first, count)
 
