@@ -53,6 +53,11 @@ FABRIC_LOST_REQUESTS = Counter(
 FABRIC_LOSS_RATIO = Gauge(
     "neuralcache_fabric_loss_ratio",
     "Fraction of requested reply bytes lost so far (lost / (delivered + lost)).")
+FABRIC_RESENT_RATIO = Gauge(
+    "neuralcache_fabric_resent_ratio",
+    "Share of the reply bytes delivered over the last 10 s that the hub's TCP had to resend "
+    "(its loss repairs, reported in every read reply); small demand reads are hedged while it "
+    "is at least 0.001.")
 FABRIC_REQUESTS = Counter(
     "neuralcache_fabric_requests_total",
     "Read requests sent to the hub, by priority (a hedged demand read counts each copy).",

@@ -27,8 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabric import checksum
-from fabric.client import (DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS, HEDGE_MAX_BLOCKS,
-                           HubClient)
+from fabric.client import (DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS, HEDGE_COPIES,
+                           HEDGE_MAX_BLOCKS, HEDGE_MIN_RESENT_RATIO, HubClient, demand_copies)
 from fabric.congestion import create_controller
 from fabric.export import Export, WouldBlock
 from fabric.protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, Priority,
@@ -37,6 +37,7 @@ from fabric.protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, 
 from fabric.transport import blocksums
 from fabric.transport.arrivals import ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
+from fabric.transport.resend_rate import BUCKET_S, RESEND_WINDOW_S, ResendRate
 from fabric.transport.framing import FrameReader, read_reply_frame, read_reply_size, send_frame
 from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_HEADROOM,
                                            MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
@@ -526,13 +527,14 @@ async def test_the_pool_its_hedged_demand_and_its_model_in_the_metrics(export_di
         assert metric("neuralcache_fabric_connections", {"role": "demand"}) == 2
         assert metric("neuralcache_hub_connected_spokes") == spokes + 1  # one spoke, 5 sockets
         await client.read(e.file_id, e.version, 5, 1, deadline=trio.current_time() + 5)
-        # A small demand read goes out on both idle demand connections; a large one once.
+        # Loopback loses nothing, so even a small demand read goes out once (no hedge).
         assert metric("neuralcache_fabric_requests_total",
-                      {"priority": "demand"}) == demand_requests + 2
+                      {"priority": "demand"}) == demand_requests + 1
+        assert metric("neuralcache_fabric_resent_ratio") == 0
         await client.read(e.file_id, e.version, 0, HEDGE_MAX_BLOCKS + 1,
                           deadline=trio.current_time() + 5)
         assert metric("neuralcache_fabric_requests_total",
-                      {"priority": "demand"}) == demand_requests + 3
+                      {"priority": "demand"}) == demand_requests + 2
         # Demand replies count as delivered for the model, though they are none of its packets.
         assert client.stats().delivered_bytes >= (HEDGE_MAX_BLOCKS + 2) * BLOCK_SIZE
         assert client.stats().bytes_in_flight == 0
@@ -547,6 +549,38 @@ async def test_the_pool_its_hedged_demand_and_its_model_in_the_metrics(export_di
         assert metric("neuralcache_fabric_cwnd_bytes") == stats.cwnd
         assert metric("neuralcache_fabric_state", {"controller": "bbr", "state": stats.state}) == 1
         nursery.cancel_scope.cancel()
+
+
+def test_small_demand_reads_are_hedged_only_while_the_path_loses_segments() -> None:
+    assert demand_copies(1, 0.0) == 1
+    assert demand_copies(1, HEDGE_MIN_RESENT_RATIO / 2) == 1
+    assert demand_copies(1, HEDGE_MIN_RESENT_RATIO) == HEDGE_COPIES
+    assert demand_copies(HEDGE_MAX_BLOCKS, 0.01) == HEDGE_COPIES
+    assert demand_copies(HEDGE_MAX_BLOCKS + 1, 0.01) == 1  # too large to send twice
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 60), st.booleans(), st.integers(1, 10**6)), max_size=40),
+       st.floats(0, 30))
+def test_the_resend_rate_counts_the_recent_window(events: list[tuple[float, bool, int]],
+                                                  after: float) -> None:
+    """Against the plain sums: every report of the last window counts, none older than the
+    window plus a bucket does (reports come in time order; the query is after the last)."""
+    events.sort(key=lambda ev: ev[0])
+    rate = ResendRate()
+    for t, resent, nbytes in events:
+        (rate.on_resent if resent else rate.on_delivered)(t, nbytes)
+    now = (events[-1][0] if events else 0.0) + after
+
+    def total(resent: bool, since: float) -> int:
+        return sum(n for t, r, n in events if r == resent and t > since)
+
+    delivered, resent_bytes = rate.totals(now)
+    for got, kind in ((delivered, False), (resent_bytes, True)):
+        assert total(kind, now - RESEND_WINDOW_S) <= got <= total(kind, now - RESEND_WINDOW_S
+                                                                  - BUCKET_S)
+    expected = resent_bytes / delivered if delivered else 0.0
+    assert rate.ratio(now) == pytest.approx(expected)
 
 
 @trio_test

@@ -1,0 +1,65 @@
+"""How much of what the path delivered lately the hub's TCP had to send twice (sans-IO).
+
+TCP repairs every segment loss below our requests, so the spoke learns of loss only from the
+hub's reports (protocol version 3: each read reply carries the bytes its connection resent).
+``ResendRate`` sets them against the reply bytes that arrived over the last ``window`` seconds:
+on a clean path it is 0, at 1 % random loss about 0.01. The client hedges small demand reads
+only while it is above a threshold, so a clean path does not pay for every such read twice.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+RESEND_WINDOW_S = 10.0
+"""Seconds of history the ratio covers: long enough to hold a few losses at 0.1 %, short
+enough that a burst of tail drops during start-up is forgotten soon after."""
+BUCKET_S = 1.0
+"""Granularity of the history: the window slides a bucket at a time."""
+
+
+class ResendRate:
+    """Resent bytes over delivered bytes, over the last ``window`` seconds."""
+
+    def __init__(self, window: float = RESEND_WINDOW_S, bucket: float = BUCKET_S) -> None:
+        self._window = window
+        self._bucket = bucket
+        self._buckets: deque[list[float]] = deque()  # [start, delivered, resent], oldest first
+        self._delivered = 0.0
+        self._resent = 0.0
+
+    def on_delivered(self, now: float, nbytes: int) -> None:
+        """Reply bytes arrived from the hub."""
+        self._current(now)[1] += nbytes
+        self._delivered += nbytes
+
+    def on_resent(self, now: float, nbytes: int) -> None:
+        """The hub reported that its TCP sent ``nbytes`` again."""
+        self._current(now)[2] += nbytes
+        self._resent += nbytes
+
+    def ratio(self, now: float) -> float:
+        """Resent over delivered bytes in the window; 0 while nothing was delivered in it."""
+        delivered, resent = self.totals(now)
+        return resent / delivered if delivered > 0 else 0.0
+
+    def totals(self, now: float) -> tuple[float, float]:
+        """(delivered, resent) bytes in the window: everything reported in the last ``window``
+        seconds, nothing reported more than ``window + bucket`` seconds ago."""
+        self._expire(now)
+        return self._delivered, self._resent
+
+    def _current(self, now: float) -> list[float]:
+        self._expire(now)
+        if not self._buckets or now >= self._buckets[-1][0] + self._bucket:
+            self._buckets.append([now, 0.0, 0.0])
+        return self._buckets[-1]
+
+    def _expire(self, now: float) -> None:
+        buckets = self._buckets
+        while buckets and buckets[0][0] + self._bucket <= now - self._window:
+            _, delivered, resent = buckets.popleft()
+            self._delivered -= delivered
+            self._resent -= resent
+        if not buckets:  # no float drift left behind
+            self._delivered = self._resent = 0.0
