@@ -38,6 +38,7 @@ class Catalog:
 
     def __init__(self, entries: list[tuple[int, str, int]] | None = None) -> None:
         self._by_id: dict[int, FileInfo] = {}
+        self._blocks: dict[int, int] = {}  # id -> size in blocks (asked on every read)
         self._by_path: dict[str, int] = {}
         self._dirs: dict[str, list[tuple[str, int]]] = {}  # dir -> sorted (path, id)
         self._neighbours: dict[tuple[int, int], int | None] = {}  # memo, cleared on change
@@ -59,6 +60,7 @@ class Catalog:
         self._neighbours.clear()
         self._dir_memo.clear()
         self._by_id[file_id] = FileInfo(file_id, path, size)
+        self._blocks[file_id] = block_count(size)
         self._by_path[path] = file_id
         bisect.insort(self._dirs.setdefault(posixpath.dirname(path), []), (path, file_id))
 
@@ -67,6 +69,7 @@ class Catalog:
         info = self._by_id.pop(file_id, None)
         if info is None:
             return
+        del self._blocks[file_id]
         self._neighbours.clear()
         self._dir_memo.clear()
         self._by_path.pop(info.path, None)
@@ -84,8 +87,7 @@ class Catalog:
 
     def blocks(self, file_id: int) -> int:
         """File size in blocks (0 for unknown files)."""
-        info = self._by_id.get(file_id)
-        return info.blocks if info else 0
+        return self._blocks.get(file_id, 0)
 
     def file_id(self, path: str) -> int | None:
         """Id of the file at mount-relative ``path``."""

@@ -12,6 +12,7 @@ wrong for a few seconds is switched off. It scales the confidence each predictor
 from __future__ import annotations
 
 import heapq
+from itertools import count, repeat
 
 from neuralcache.blocks import block_key
 
@@ -43,7 +44,11 @@ class Ledger:
         self.outcomes = {name: [0, 0] for name in self.sources}  # [right, expired], all time
         self._weights = {name: [0.0, 0.0, 0.0] for name in self.sources}  # right, wrong, at
         self._pending: dict[int, int] = {}  # block key -> mask of predictors that guessed it
-        self._expiry: dict[str, list[tuple[float, int]]] = {n: [] for n in self.sources}  # heaps
+        # Per source, a heap of (deadline, order, block keys) - one entry per register call,
+        # not per block: a deep sequential window registers hundreds of blocks at once.
+        self._expiry: dict[str, list[tuple[float, int, list[int]]]] = {
+            n: [] for n in self.sources}
+        self._order = count()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -57,15 +62,14 @@ class Ledger:
         """Record that ``source`` expects blocks ``[first, stop)`` to be read within ``ttl``."""
         bit = self._bit[source]
         pending = self._pending
-        expiry = self._expiry[source]
-        deadline = now + ttl
+        get = pending.get
         base = block_key(file_id, 0)
-        for block in range(first, stop):
-            key = base | block
-            mask = pending.get(key, 0)
-            if not mask & bit:
-                pending[key] = mask | bit
-                heapq.heappush(expiry, (deadline, key))
+        keys = [key for key in range(base + first, base + stop) if not get(key, 0) & bit]
+        if not keys:
+            return
+        for key in keys:
+            pending[key] = get(key, 0) | bit
+        heapq.heappush(self._expiry[source], (now + ttl, next(self._order), keys))
 
     def bit(self, source: str) -> int:
         """The mask bit of ``source`` (as in ``on_read``'s result)."""
@@ -77,42 +81,57 @@ class Ledger:
         if not pending:
             return 0
         base = block_key(file_id, 0)
+        popped = list(map(pending.pop, range(base + first, base + stop), repeat(0)))
+        masks = set(popped)
+        masks.discard(0)
+        if not masks:
+            return 0
+        counts = {mask: popped.count(mask) for mask in masks}
         guessed = 0
-        for block in range(first, stop):
-            mask = pending.pop(base | block, 0)
-            if mask:
-                guessed |= mask
-                for name in self.sources:
-                    if mask & self._bit[name]:
-                        self._update(name, True, now)
+        for mask in masks:
+            guessed |= mask
+        for name in self.sources:
+            bit = self._bit[name]
+            if guessed & bit:
+                self._credit(name, True, now, sum(n for mask, n in counts.items() if mask & bit))
         return guessed
 
     def expire(self, now: float) -> None:
         """Charge predictors for guesses whose time ran out unread (amortised: call often)."""
         pending = self._pending
         for name, queue in self._expiry.items():
+            if not queue or queue[0][0] > now:
+                continue
             bit = self._bit[name]
+            wrong = 0
             while queue and queue[0][0] <= now:
-                _, key = heapq.heappop(queue)
-                mask = pending.get(key, 0)
-                if mask & bit:
-                    mask &= ~bit
-                    if mask:
-                        pending[key] = mask
-                    else:
-                        del pending[key]
-                    self._update(name, False, now)
+                for key in heapq.heappop(queue)[2]:
+                    mask = pending.get(key, 0)
+                    if mask & bit:
+                        mask &= ~bit
+                        if mask:
+                            pending[key] = mask
+                        else:
+                            del pending[key]
+                        wrong += 1
+            if wrong:
+                self._credit(name, False, now, wrong)
 
-    def _update(self, name: str, right: bool, now: float) -> None:
+    def _credit(self, name: str, right: bool, now: float, blocks: int) -> None:
+        """``blocks`` outcomes at once: the same arithmetic as one ``_update`` call each."""
         w = self._weights[name]
         if now > w[2]:
             decay = 0.5 ** ((now - w[2]) / HALF_LIFE_S)
             w[0] *= decay
             w[1] *= decay
             w[2] = now
-        w[0 if right else 1] += 1.0
+        i = 0 if right else 1
+        total = w[i]
+        for _ in range(blocks):
+            total += 1.0  # one rounding per outcome, as a block at a time did
+        w[i] = total
         self.accuracy[name] = (w[0] + PRIOR_WEIGHT * ACCURACY_PRIOR) / (w[0] + w[1] + PRIOR_WEIGHT)
-        self.outcomes[name][0 if right else 1] += 1
+        self.outcomes[name][i] += blocks
 
     def score(self, source: str, confidence: float) -> float:
         """How much to trust a guess: the predictor's measured accuracy times its confidence."""

@@ -11,16 +11,15 @@ reader has already passed is never fetched - stale guesses drop out by construct
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from neuralcache.blocks import BLOCK_SIZE, block_key
-from neuralcache.ensemble import MIN_SCORE, Ledger
+from neuralcache.ensemble import Ledger
 from neuralcache.events import CacheView, LinkEstimate, PrefetchRequest
 from neuralcache.intervals import IntervalSet
+from neuralcache.window_queue import Window, WindowQueue
 
 MAX_REQUEST_BLOCKS = 64
 """Largest single prefetch request (256 KiB): big enough to amortise a round trip's overhead,
@@ -45,18 +44,6 @@ NEAR_SHARE_OF_CACHE = 0.5
 
 UNUSED_TTL_S = 300.0
 """A prefetched block unread this long stops being protected and is counted as wasted."""
-
-
-class Window(Protocol):
-    """A predictor's current guess for one stream: an ordered run of block ranges."""
-
-    def peek(self, now: float) -> tuple[float, str, float] | None:
-        """(need_at, source, confidence) of the next range not yet handed out, or None."""
-        ...
-
-    def take(self, max_blocks: int) -> tuple[int, int, int, str] | None:
-        """Hand out the next range as (file_id, first, stop, source) and move past it."""
-        ...
 
 
 @dataclass
@@ -98,7 +85,7 @@ class Planner:
         self.ledger = ledger
         self.issue_ttl = issue_ttl  # sources scored on what they fetch (not shadow-scored)
         self.link: LinkEstimate | None = None
-        self._windows: dict[int, Window] = {}
+        self._queue = WindowQueue(ledger)
         self._requests: dict[int, PrefetchRequest] = {}
         self._inflight: dict[int, int] = {}  # block key -> request id
         self._inflight_bytes = 0
@@ -129,65 +116,61 @@ class Planner:
     # windows -------------------------------------------------------------------------------
     def offer(self, window: Window) -> None:
         """Make a window's ranges eligible for fetching (idempotent)."""
-        self._windows[id(window)] = window
+        self._queue.offer(window)
+
+    def changed(self, window: Window) -> None:
+        """A stable window (see ``window_queue``) moved without being offered again."""
+        self._queue.changed(window)
 
     def plan(self, now: float, horizon: float) -> list[PrefetchRequest]:
         """Issue the most urgent ranges across all windows until a budget runs out."""
         self._expire_unused(now)
         budget = self.inflight_budget() - self._inflight_bytes
-        if budget < MIN_ISSUE_BYTES or not self._windows:
+        if budget < MIN_ISSUE_BYTES or not self._queue:
             return []
         capacity = self.cache.capacity_bytes()
         near_room = int(NEAR_SHARE_OF_CACHE * capacity) - self._inflight_bytes - self.unused_bytes
         free = self.cache.free_bytes() - self._inflight_bytes
-        heap: list[tuple[float, int, Window]] = []
-        tie = itertools.count()
-        for key, window in list(self._windows.items()):
-            entry = self._priority(now, horizon, window)
-            if entry is None:
-                del self._windows[key]
-            else:
-                heap.append((entry[0], next(tie), window))
-        heapq.heapify(heap)
+        queue = self._queue
+        queue.start(now, horizon, near_only=free < BLOCK_SIZE)  # free only shrinks below
         out: list[PrefetchRequest] = []
-        while heap and budget >= MIN_ISSUE_BYTES:
-            _, _, window = heapq.heappop(heap)
-            peeked = window.peek(now)
-            if peeked is None:
-                continue
-            need_at = peeked[0]
-            far = need_at > now + horizon
-            room = min(budget, near_room, free) if far else min(budget, near_room)
-            if room < BLOCK_SIZE:
-                if far:
-                    continue  # only far guesses need free space; nearer ones may still fit
-                break
-            taken = window.take(min(MAX_REQUEST_BLOCKS, room // BLOCK_SIZE))
-            if taken is None:
-                continue
-            file_id, first, stop, source = taken
-            extra = min(budget, near_room if not far else min(near_room, free)) // BLOCK_SIZE
-            for request in self._issue(now, need_at, file_id, first, stop, source,
-                                       extra - (stop - first)):
-                out.append(request)
-                size = request.count * BLOCK_SIZE
-                budget -= size
-                near_room -= size
-                free -= size
-            entry = self._priority(now, horizon, window)
-            if entry is not None:
-                heapq.heappush(heap, (entry[0], next(tie), window))
+        try:
+            while budget >= MIN_ISSUE_BYTES:
+                popped = queue.pop()
+                if popped is None:
+                    break
+                window, (need_at, _, _) = popped
+                far = need_at > now + horizon
+                room = min(budget, near_room, free) if far else min(budget, near_room)
+                if room < BLOCK_SIZE:
+                    if far:
+                        continue  # only far guesses need free space; nearer ones may still fit
+                    break
+                taken = window.take(min(MAX_REQUEST_BLOCKS, room // BLOCK_SIZE))
+                queue.taken(window)
+                if taken is None:
+                    continue
+                file_id, first, stop, source = taken
+                extra = min(budget, near_room if not far else min(near_room, free)) // BLOCK_SIZE
+                for request in self._issue(now, need_at, file_id, first, stop, source,
+                                           extra - (stop - first)):
+                    out.append(request)
+                    size = request.count * BLOCK_SIZE
+                    budget -= size
+                    near_room -= size
+                    free -= size
+                queue.put_back(window)
+        finally:
+            queue.finish()  # windows taken from are re-peeked next time, even after an error
         return out
 
-    def _priority(self, now: float, horizon: float, window: Window) -> tuple[float] | None:
-        peeked = window.peek(now)
-        if peeked is None:
-            return None
-        need_at, source, confidence = peeked
-        score = self.ledger.score(source, confidence)
-        if score < MIN_SCORE:
-            return None
-        return (need_at + (1.0 - score) * horizon,)
+    def _known_in(self, file_id: int) -> IntervalSet:
+        """The file's known-present set, created on first use (not one per call, as a
+        ``setdefault`` default would be)."""
+        known = self._known.get(file_id)
+        if known is None:
+            known = self._known[file_id] = IntervalSet()
+        return known
 
     def known(self, file_id: int, block: int) -> bool:
         """True if the block is cached or in flight (remembered, else asked of the cache)."""
@@ -195,13 +178,13 @@ class Planner:
         if known is not None and known.covers(block):
             return True
         if self.cache.contains(file_id, block):
-            self._known.setdefault(file_id, IntervalSet()).add(block, block + 1)
+            self._known_in(file_id).add(block, block + 1)
             return True
         return False
 
     def unknown_runs(self, file_id: int, first: int, stop: int) -> list[tuple[int, int]]:
         """Sub-ranges of ``[first, stop)`` neither remembered present nor cached."""
-        known = self._known.setdefault(file_id, IntervalSet())
+        known = self._known_in(file_id)
         contains = self.cache.contains
         out = []
         for a, b in known.uncovered(first, stop):
@@ -228,7 +211,7 @@ class Planner:
         their union is cheaper than eight 16 KiB ones.
         """
         out: list[PrefetchRequest] = []
-        known = self._known.setdefault(file_id, IntervalSet())
+        known = self._known_in(file_id)
         contains = self.cache.contains
         guessed_by = self.ledger.guessed_by
         run_start = None
@@ -272,7 +255,7 @@ class Planner:
         base = block_key(file_id, 0)
         for block in range(first, stop):
             self._inflight[base | block] = rid
-        self._known.setdefault(file_id, IntervalSet()).add(first, stop)
+        self._known_in(file_id).add(first, stop)
         self._inflight_bytes += request.count * BLOCK_SIZE
         stats = self._stats
         stats.issued_requests += 1
@@ -286,14 +269,14 @@ class Planner:
     # outcomes ------------------------------------------------------------------------------
     def on_read(self, file_id: int, first: int, stop: int) -> None:
         """A demand read of these blocks: prefetched ones become useful (or late)."""
-        self._known.setdefault(file_id, IntervalSet()).add(first, stop)
+        self._known_in(file_id).add(first, stop)
         unused, inflight, stats = self._unused, self._inflight, self._stats
         if not unused and not inflight:
             return
         base = block_key(file_id, 0)
-        for block in range(first, stop):
-            key = base | block
-            source = unused.pop(key, None)
+        keys = range(base + first, base + stop)
+        sources = list(map(unused.pop, keys, itertools.repeat(None)))  # a 1 MiB read is 256 blocks
+        for key, source in zip(keys, sources):
             if source is not None:
                 stats.useful_blocks += 1
                 stats.per_source[source][1] += 1
@@ -306,11 +289,13 @@ class Planner:
             return
         self._inflight_bytes -= request.count * BLOCK_SIZE
         rid = request.request_id
+        base = block_key(request.file_id, 0)
+        inflight = self._inflight
         for block in range(request.first, request.end):
-            key = block_key(request.file_id, block)
-            if self._inflight.get(key) != rid:
+            key = base | block
+            if inflight.get(key) != rid:
                 continue  # read while in flight (late) or re-requested
-            del self._inflight[key]
+            del inflight[key]
             if ok:
                 self._unused[key] = request.source
                 self._unused_order.append((now, key))

@@ -11,6 +11,7 @@ This is the multi-stream detection of kernel readahead and of hardware stream pr
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import repeat
 
 from neuralcache.blocks import BLOCK_SIZE, block_key, block_span
 from neuralcache.catalog import Catalog
@@ -49,7 +50,7 @@ class Stream:
     __slots__ = (
         "sid", "hint", "file_id", "last_block", "last_len", "stride", "stride_conf", "seq_conf",
         "deltas", "t_last", "t_mark", "bytes_mark", "rate", "accesses", "expect_keys", "run",
-        "state", "near_keys",
+        "state", "near_keys", "may_cross",
     )
 
     def __init__(self, sid: int, hint: int, file_id: int, first: int, count: int, now: float):
@@ -70,6 +71,7 @@ class Stream:
         self.run = 0  # consecutive reads that continued the run (sequential or the same stride)
         self.expect_keys: tuple[int, ...] = ()
         self.near_keys: tuple[tuple[int, int], ...] = ()  # its buckets in StreamTable._near
+        self.may_cross = False  # in StreamTable._crossers: near enough its file's end to cross
         self.state: dict[str, object] = {}  # per-predictor scratch, keyed by predictor name
 
     @property
@@ -140,6 +142,10 @@ class StreamTable:
         self._expect: dict[int, int] = {}  # block key -> sid of a stream expecting that block
         # (file, bucket) -> sids of streams a read in that bucket may continue (see _nearest)
         self._near: dict[tuple[int, int], set[int]] = {}
+        # file -> sids of its streams that a read of the next file may continue (_crossing),
+        # and the file's size in blocks they were judged by (-1 once it changed: scan them all)
+        self._crossers: dict[int, set[int]] = {}
+        self._crossers_blocks: dict[int, int] = {}
         self._next_sid = 0
 
     def __len__(self) -> int:
@@ -202,6 +208,8 @@ class StreamTable:
         if prev is None:
             return None, None
         prev_blocks = self.catalog.blocks(prev)
+        if self._crossers_blocks.get(prev) == prev_blocks and not self._crossers.get(prev):
+            return None, None  # no stream of the previous file is near its end (random reads)
         best, best_gap = None, MATCH_FORWARD_BLOCKS + 1
         for sid in self._by_file.get(prev, ()):
             s = self._streams[sid]
@@ -221,7 +229,7 @@ class StreamTable:
         stream = Stream(self._next_sid, hint, file_id, first, count, now)
         self._next_sid += 1
         self._streams[stream.sid] = stream
-        self._by_file.setdefault(file_id, set()).add(stream.sid)
+        self._file_streams(file_id).add(stream.sid)
         self._index(stream)
         return stream
 
@@ -229,32 +237,61 @@ class StreamTable:
         self._unindex(stream)
         self._by_file[stream.file_id].discard(stream.sid)
         stream.file_id = file_id
-        self._by_file.setdefault(file_id, set()).add(stream.sid)
+        self._file_streams(file_id).add(stream.sid)
+
+    def _file_streams(self, file_id: int) -> set[int]:
+        streams = self._by_file.get(file_id)
+        if streams is None:
+            streams = self._by_file[file_id] = set()
+        return streams
 
     def _unindex(self, stream: Stream) -> None:
+        expect, sid = self._expect, stream.sid
         for key in stream.expect_keys:
-            if self._expect.get(key) == stream.sid:
-                del self._expect[key]
+            if expect.get(key) == sid:
+                del expect[key]
         stream.expect_keys = ()
+        near = self._near
         for near_key in stream.near_keys:
-            sids = self._near[near_key]
-            sids.discard(stream.sid)
+            sids = near[near_key]
+            sids.discard(sid)
             if not sids:
-                del self._near[near_key]
+                del near[near_key]
         stream.near_keys = ()
+        if stream.may_cross:
+            self._crossers[stream.file_id].discard(sid)
+            stream.may_cross = False
 
     def _index(self, stream: Stream) -> None:
         self._unindex(stream)
-        keys = [block_key(stream.file_id, stream.next_block)]
-        if stream.stride and stream.stride != stream.last_len:
-            keys.append(block_key(stream.file_id, stream.last_block + stream.stride))
-        for key in keys:
-            self._expect[key] = stream.sid
-        stream.expect_keys = tuple(keys)
+        sid, fid = stream.sid, stream.file_id
+        last, stride = stream.last_block, stream.stride
+        nxt = last + stream.last_len
+        base = block_key(fid, 0)
+        expect = self._expect
+        expect[base | nxt] = sid
+        if stride and stride != stream.last_len:
+            expect[base | (last + stride)] = sid
+            stream.expect_keys = (base | nxt, base | (last + stride))
+        else:
+            stream.expect_keys = (base | nxt,)
         # A read at blocks last_block .. next_block + MATCH_FORWARD_BLOCKS may continue it.
-        low = stream.last_block // NEAR_BUCKET_BLOCKS
-        high = (stream.next_block + MATCH_FORWARD_BLOCKS) // NEAR_BUCKET_BLOCKS
-        near_keys = tuple((stream.file_id, bucket) for bucket in range(low, high + 1))
+        near = self._near
+        near_keys = tuple(zip(repeat(fid), range(
+            last // NEAR_BUCKET_BLOCKS, (nxt + MATCH_FORWARD_BLOCKS) // NEAR_BUCKET_BLOCKS + 1)))
         for near_key in near_keys:
-            self._near.setdefault(near_key, set()).add(stream.sid)
+            sids = near.get(near_key)
+            if sids is None:
+                near[near_key] = {sid}
+            else:
+                sids.add(sid)
         stream.near_keys = near_keys
+        # What _crossing accepts: a sequential continuation at most MATCH_FORWARD_BLOCKS short
+        # of the file's end, or a confident stride that steps past it.
+        blocks = self.catalog.blocks(fid)
+        if self._crossers_blocks.setdefault(fid, blocks) != blocks:
+            self._crossers_blocks[fid] = -1
+        strides_past = stride and stream.stride_conf and last + stride >= blocks
+        if nxt >= blocks - MATCH_FORWARD_BLOCKS or strides_past:
+            self._crossers.setdefault(fid, set()).add(sid)
+            stream.may_cross = True

@@ -1,7 +1,14 @@
 """The planner's budgets and its issued/useful/late/wasted accounting."""
 
+import heapq
+import itertools
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from neuralcache.blocks import BLOCK_SIZE
-from neuralcache.ensemble import Ledger
+from neuralcache.ensemble import MIN_SCORE, Ledger
 from neuralcache.events import LinkEstimate
 from neuralcache.planner import MAX_REQUEST_BLOCKS, MIN_ISSUE_BYTES, Planner
 from tests.prefetch_helpers import LINK, DictCache
@@ -170,3 +177,191 @@ def test_a_mostly_cached_file_is_walked_into_requests_for_the_gaps_only():
     cache.keys.difference_update((1 << 40) | b for b in range(505, 510))
     assert planner.unknown_runs(1, 490, 520) == [(505, 510)]
     assert planner._known[1].intervals() == [(0, 505), (510, 1000)]
+
+
+class ScanQueue:
+    """The planner's window order as it was before ``WindowQueue``: every window peeked on
+    every plan, ties in offer order (a dict's), windows put back after a take losing ties."""
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+        self.windows = {}
+        self.heap = []
+        self.ties = None
+        self.now = self.horizon = 0.0
+
+    def __len__(self):
+        return len(self.windows)
+
+    def offer(self, window):
+        self.windows[id(window)] = window
+
+    def changed(self, window):
+        pass
+
+    def _entry(self, window):
+        peeked = window.peek(self.now)
+        if peeked is None:
+            return None
+        score = self.ledger.score(peeked[1], peeked[2])
+        if score < MIN_SCORE:
+            return None
+        return (peeked[0] + (1.0 - score) * self.horizon, next(self.ties), window)
+
+    def start(self, now, horizon, near_only=False):  # heaps far windows all the same
+        self.now, self.horizon, self.ties = now, horizon, itertools.count()
+        self.heap = []
+        for key, window in list(self.windows.items()):
+            entry = self._entry(window)
+            if entry is None:
+                del self.windows[key]
+            else:
+                self.heap.append(entry)
+        heapq.heapify(self.heap)
+
+    def pop(self):
+        if not self.heap:
+            return None
+        window = heapq.heappop(self.heap)[2]
+        return window, window.peek(self.now)
+
+    def taken(self, window):
+        pass
+
+    def put_back(self, window):
+        entry = self._entry(window)
+        if entry is not None:
+            heapq.heappush(self.heap, entry)
+
+    def finish(self):
+        pass
+
+
+class FakeWindow(ListWindow):
+    """A ListWindow with a due time per range; ``stable`` ones keep WindowQueue's promise, the
+    others' due times drift with the clock (as a hinted window's pace does)."""
+
+    def __init__(self, ranges, source, conf, stable):
+        super().__init__([r[:3] for r in ranges], source, 0.0, conf)
+        self.due = [r[3] for r in ranges]
+        self.stable_peek = stable
+
+    def peek(self, now):
+        if not self.ranges:
+            return None
+        drift = 0.0 if self.stable_peek else (now * 7.0) % 0.3
+        return now + self.due[0] + drift, self.source, self.conf
+
+    def take(self, max_blocks):
+        taken = super().take(max_blocks)
+        if taken is not None and len(self.due) > len(self.ranges):
+            self.due.pop(0)
+        return taken
+
+
+SOURCES = ["stride", "ngram", "hinted"]
+
+
+def _random_window(rng):
+    """Ranges with due times and confidences from short lists, so priorities often tie."""
+    ranges = [(rng.randint(1, 8), rng.randrange(100_000), rng.randint(4, 64),
+               rng.choice([0.0, 0.0, 0.05, 0.5, 3.0])) for _ in range(rng.randint(0, 12))]
+    ranges = [(f, a, a + n, due) for f, a, n, due in ranges]
+    return ranges, rng.choice(SOURCES), rng.choice([0.5, 0.8, 1.0]), rng.random() < 0.8
+
+
+def _random_ops(rng, n):
+    """Offers, changes, accuracy moves, plans and completions, in a random mix."""
+    ops = []
+    for _ in range(n):
+        kind = rng.choices(["new", "offer", "changed", "accuracy", "plan", "complete"],
+                           [2, 2, 1, 2, 4, 3])[0]
+        if kind == "new":
+            ops.append((kind, _random_window(rng)))
+        elif kind in ("offer", "changed"):
+            ops.append((kind, rng.randrange(8), _random_window(rng)))  # a recent window
+        elif kind == "accuracy":
+            ops.append((kind, rng.choice(SOURCES), rng.choice([0.2, 0.6, 1.0])))
+        elif kind == "plan":
+            ops.append((kind, rng.choice([0.0, 0.001, 0.2])))
+        else:
+            ops.append((kind, rng.randint(1, 6)))
+    return ops
+
+
+def _apply(op, planner, windows, inflight, now, horizon):
+    """One operation on one side; a plan's requests (as comparable tuples) or None."""
+    kind = op[0]
+    if kind == "new":
+        windows.append(FakeWindow(*op[1]))
+        planner.offer(windows[-1])
+    elif kind in ("offer", "changed") and windows:
+        window = windows[-1 - op[1] % len(windows)]
+        ranges, source, conf, _ = op[2]
+        window.ranges = [r[:3] for r in ranges]
+        window.due = [r[3] for r in ranges]
+        window.source, window.conf = source, conf
+        getattr(planner, kind)(window)  # a stable window's owner reports its changes
+    elif kind == "accuracy":
+        planner.ledger.accuracy[op[1]] = op[2]
+    elif kind == "complete":
+        for request in inflight[:op[1]]:
+            planner.on_complete(now, request, True)
+        del inflight[:op[1]]
+    elif kind == "plan":
+        requests = planner.plan(now + op[1], horizon)
+        inflight += requests
+        return [(r.file_id, r.first, r.count, r.source, r.need_at) for r in requests]
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([0.0, 0.5]), st.booleans())
+def test_window_queue_issues_what_a_full_scan_of_the_windows_would(seed, horizon, full):
+    """Windows left unpeeked between plans are never skipped when they could issue, and ties
+    and drops come out as with the full scan: the same requests, in the same order."""
+    ops = _random_ops(random.Random(seed), 400)
+    link = LinkEstimate(2e6, 0.01)  # a 256 KiB in-flight budget: plans stop early
+    sides = []
+    for queue_type in (ScanQueue, None):
+        cache = DictCache(capacity=1 << 20)
+        if full:  # no free space: far windows cannot issue
+            cache.keys.update((9 << 40) | b for b in range(256))
+        planner = Planner(cache, Ledger(SOURCES), {})
+        planner.link = link
+        if queue_type is not None:
+            planner._queue = queue_type(planner.ledger)
+        sides.append((planner, [], []))  # planner, its windows, its requests in flight
+    now = 0.0
+    for op in ops:
+        scanned, queued = (_apply(op, *side, now, horizon) for side in sides)
+        assert scanned == queued
+        if op[0] == "plan":
+            now += op[1]
+
+
+def test_a_window_dropped_for_its_score_queues_behind_windows_offered_before_its_return():
+    """A waiting window whose source's accuracy fell is dropped at that plan, unpeeked, as the
+    full scan drops it: offered again, it loses ties to windows offered in between."""
+    orders = []
+    for queue_type in (ScanQueue, None):
+        planner = Planner(DictCache(), Ledger(SOURCES), {})
+        planner.link = LinkEstimate(2e6, 0.01)  # 256 KiB in flight: one 64-block request
+        if queue_type is not None:
+            planner._queue = queue_type(planner.ledger)
+        accuracy = planner.ledger.accuracy
+        accuracy["hinted"] = 1.0
+        dropped = FakeWindow([(2, 0, 8, 0.0)], "ngram", 1.0, True)
+        other = FakeWindow([(3, 0, 8, 0.0)], "stride", 1.0, True)
+        urgent = FakeWindow([(1, 0, 64, 0.0), (1, 64, 128, 0.0)], "hinted", 1.0, False)
+        for window in (dropped, other, urgent):
+            planner.offer(window)
+        (first,) = planner.plan(0.0, 0.5)  # the urgent window takes the whole budget
+        accuracy["ngram"] = 0.2
+        planner.on_complete(0.1, first, True)
+        (second,) = planner.plan(0.1, 0.5)  # drops the low-scoring window
+        accuracy["ngram"] = 0.6
+        planner.offer(dropped)
+        planner.on_complete(0.2, second, True)
+        orders.append([r.file_id for r in planner.plan(0.2, 0.5)])
+    assert orders[0] == orders[1] == [3, 2]

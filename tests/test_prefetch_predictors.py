@@ -1,10 +1,15 @@
 """Each predictor on the pattern it is for, driven through the Prefetcher facade."""
 
+import heapq
 import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.catalog import Catalog
 from neuralcache.events import AccessEvent
+from neuralcache.ensemble import Ledger
 from neuralcache.hints import HintRecord
 from neuralcache.planner import MAX_REQUEST_BLOCKS
 from neuralcache.prefetcher import PrefetchConfig, Prefetcher
@@ -285,3 +290,71 @@ def test_hinted_window_reaches_far_enough_for_the_kernels_readahead_tails():
     fetched = sum(r.count for r in requests) // 4
     assert fetched > 0.9 * len(order)  # the rest of the epoch, not a few horizons of it
     assert len(requests) < fetched / 2  # without widening, about one request per sample
+
+
+SRC = ["stride", "ngram", "hinted"]
+
+
+class BlockLedger(Ledger):
+    """The reference: the ledger as it was, one heap entry and one accuracy update per block."""
+
+    def __init__(self, sources):
+        super().__init__(sources)
+        self._heaps = {name: [] for name in sources}
+
+    def register(self, now, ttl, source, file_id, first, stop):
+        bit = self._bit[source]
+        for block in range(first, stop):
+            key = (file_id << 40) | block
+            mask = self._pending.get(key, 0)
+            if not mask & bit:
+                self._pending[key] = mask | bit
+                heapq.heappush(self._heaps[source], (now + ttl, key))
+
+    def on_read(self, now, file_id, first, stop):
+        guessed = 0
+        for block in range(first, stop):
+            mask = self._pending.pop((file_id << 40) | block, 0)
+            guessed |= mask
+            for name in self.sources:
+                if mask & self._bit[name]:
+                    self._credit(name, True, now, 1)
+        return guessed
+
+    def expire(self, now):
+        for name, queue in self._heaps.items():
+            bit = self._bit[name]
+            while queue and queue[0][0] <= now:
+                _, key = heapq.heappop(queue)
+                mask = self._pending.get(key, 0)
+                if mask & bit:
+                    if mask & ~bit:
+                        self._pending[key] = mask & ~bit
+                    else:
+                        del self._pending[key]
+                    self._credit(name, False, now, 1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["register", "read", "expire"]), st.sampled_from(SRC),
+                          st.integers(1, 2), st.integers(0, 300), st.integers(1, 80),
+                          st.sampled_from([0.5, 2.0, 7.0])), max_size=80))
+def test_ledger_scores_whole_ranges_exactly_as_block_by_block(ops):
+    """Whole ranges at once, the same accuracies to the last bit: a one-ulp difference would
+    reorder windows whose priorities tie."""
+    ledgers = [Ledger(SRC), BlockLedger(SRC)]
+    now = 0.0
+    for kind, source, file_id, first, count, ttl in ops:
+        now += 0.37
+        results = []
+        for ledger in ledgers:
+            if kind == "register":
+                ledger.register(now, ttl, source, file_id, first, first + count)
+            elif kind == "read":
+                results.append(ledger.on_read(now, file_id, first, first + count))
+            else:
+                ledger.expire(now)
+        assert len(set(results)) <= 1
+    fast, slow = ledgers
+    assert fast.accuracy == slow.accuracy and fast.outcomes == slow.outcomes
+    assert fast._pending == slow._pending

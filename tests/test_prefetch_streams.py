@@ -78,6 +78,23 @@ class ScanningStreamTable(StreamTable):
                 best, best_cost = s, cost
         return best
 
+    def _crossing(self, file_id, first):
+        """Every stream of the previous file, without the index of those near its end."""
+        prev = self.catalog.prev_file(file_id)
+        if prev is None:
+            return None, None
+        prev_blocks = self.catalog.blocks(prev)
+        best, best_gap = None, MATCH_FORWARD_BLOCKS + 1
+        for sid in self._by_file.get(prev, ()):
+            s = self._streams[sid]
+            seq_next = s.next_block - prev_blocks
+            if s.stride and s.stride_conf and s.last_block + s.stride - prev_blocks == first:
+                return s, prev
+            gap = first - max(seq_next, 0)
+            if seq_next >= -MATCH_FORWARD_BLOCKS and 0 <= gap < best_gap:
+                best, best_gap = s, gap
+        return (best, prev) if best is not None else (None, None)
+
 
 reads = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 400),
                            st.integers(1, 300)), min_size=1, max_size=120)
@@ -102,3 +119,24 @@ def test_the_nearness_index_matches_a_scan_of_every_stream(reads, max_streams):
                             (s.next_block + MATCH_FORWARD_BLOCKS) // NEAR_BUCKET_BLOCKS + 1):
             expected.setdefault((s.file_id, bucket), set()).add(s.sid)
     assert indexed._near == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 4), st.integers(0, 200),
+                          st.integers(1, 40), st.booleans()), min_size=1, max_size=150),
+       st.integers(2, 12))
+def test_crossing_into_the_next_file_matches_a_scan_of_every_stream(reads, max_streams):
+    """Short files (sequential and strided readers cross often) and files that change size:
+    a read at the start of a file joins the stream a scan of the previous file would pick."""
+    tables = []
+    for table_type in (StreamTable, ScanningStreamTable):
+        tables.append(table_type(shards(size=160 * BLOCK_SIZE), max_streams))
+    for i, (hint, file_id, block, count, resize) in enumerate(reads):
+        if resize and i % 7 == 0:  # the file grew (or shrank) under its readers
+            for table in tables:
+                info = table.catalog.get(file_id)
+                table.catalog.add(file_id, info.path, (100 + block) * BLOCK_SIZE)
+        args = (i * 0.001, hint, file_id, block * BLOCK_SIZE, count * BLOCK_SIZE)
+        got, want = (table.observe(*args) for table in tables)
+        assert (got.stream.sid, got.delta, got.crossed_from) == (
+            want.stream.sid, want.delta, want.crossed_from)

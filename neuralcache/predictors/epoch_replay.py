@@ -55,6 +55,8 @@ class EpochReplay:
         self._issued_offset = 0  # blocks of that record already handed out
         self._registered = 0
         self._rate = 1.0
+        self._end_key: tuple[int, int, float, float, int] | None = None  # _end's inputs ...
+        self._end_value = 0  # ... and its answer for them
 
     def __len__(self) -> int:
         return len(self.files)
@@ -110,11 +112,20 @@ class EpochReplay:
             self.issued, self._issued_offset = self.cursor + 1, 0
 
     def _end(self) -> int:
-        """One past the last record inside the window (the window covers the depth in bytes)."""
-        depth_blocks = self.ctx.depth_bytes(self._rate) // BLOCK_SIZE
+        """One past the last record inside the window (the window covers the depth in bytes).
+
+        Asked several times per read (register, offer, peek, take) with the same inputs, so
+        the last answer is kept with them."""
+        ctx = self.ctx
+        key = (self.cursor, len(self.files), self._rate, ctx.horizon, ctx.min_depth)
+        if key == self._end_key:
+            return self._end_value
+        depth_blocks = ctx.depth_bytes(self._rate) // BLOCK_SIZE
         start = min(self.cursor + 1, len(self.files))
-        return min(bisect.bisect_left(self.cum, self.cum[start] + depth_blocks) + 1,
-                   len(self.files))
+        end = min(bisect.bisect_left(self.cum, self.cum[start] + depth_blocks) + 1,
+                  len(self.files))
+        self._end_key, self._end_value = key, end
+        return end
 
     def _register(self, now: float) -> None:
         end = self._end()

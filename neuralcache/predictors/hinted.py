@@ -237,6 +237,8 @@ class HintSequence:
         if not self.epochs:
             return
         epoch = self.epochs[0]
+        if epoch.registered >= len(epoch):
+            return  # the whole epoch is guessed already: no window end can add to it
         end = self._end(epoch, self.guess_depth(now))
         rate = self.ctx.rate(self.rate(now))
         base = epoch.cum[min(epoch.low, len(epoch))]

@@ -86,6 +86,10 @@ class NgramWindow:
 
     __slots__ = ("stream", "ctx", "chain", "issued", "history", "prob", "pos")
 
+    stable_peek = True
+    """Its peek changes only in ``SequenceModelPredictor.observe`` (which offers it or reports
+    the change) and in ``take``: the planner need not re-peek it every plan (``window_queue``)."""
+
     def __init__(self, stream: Stream, ctx: Context) -> None:
         self.stream = stream
         self.ctx = ctx
@@ -149,6 +153,8 @@ class SequenceModelPredictor:
         self._extend(now, window)
         if window.issued < len(window.chain):
             self.ctx.planner.offer(window)
+        else:
+            self.ctx.planner.changed(window)
 
     def _extend(self, now: float, window: NgramWindow) -> None:
         s = window.stream

@@ -36,6 +36,10 @@ class StrideWindow:
     __slots__ = ("stream", "ctx", "mode", "issued", "registered", "end", "step", "length", "conf",
                  "_geometry")
 
+    stable_peek = True
+    """Its peek changes only in ``StridePredictor.observe`` (which offers it or reports the
+    change) and in ``take``: the planner need not re-peek it every plan (``window_queue``)."""
+
     def __init__(self, stream: Stream, ctx: Context) -> None:
         self.stream = stream
         self.ctx = ctx
@@ -116,28 +120,33 @@ class StridePredictor:
     def observe(self, now: float, obs: Observation) -> None:
         s = obs.stream
         window = s.state.get(STRIDE)
+        sequential = s.seq_conf >= 1 or (obs.delta is None and obs.first == 0)
+        if not sequential and not (s.stride_conf >= 1 and s.stride > 0):
+            if window is not None:  # a one-off read (most random ones) gets no window at all
+                window.mode = _NONE
+                self.ctx.planner.changed(window)
+            return
         if window is None:
             window = s.state[STRIDE] = StrideWindow(s, self.ctx)
         elif obs.crossed_from is not None:
             window.shift(self.ctx.catalog.blocks(obs.crossed_from))
         depth_blocks = -(-self.ctx.depth_bytes(s.read_rate(now), s.run) // BLOCK_SIZE)
-        if s.seq_conf >= 1 or (obs.delta is None and obs.first == 0):
+        if sequential:
             conf = (FILE_START_CONFIDENCE if obs.delta is None else
                     SETTLED_CONFIDENCE if s.seq_conf >= 2 else FIRST_MATCH_CONFIDENCE)
             start = s.next_block
             self._retarget(window, _SEQ, 1, 1, start, start + depth_blocks, conf)
-        elif s.stride_conf >= 1 and s.stride > 0:
+        else:
             conf = SETTLED_CONFIDENCE if s.stride_conf >= 2 else FIRST_MATCH_CONFIDENCE
             steps = max(1, depth_blocks // max(s.last_len, 1))
             start = s.last_block + s.stride
             self._retarget(window, _STRIDE, s.stride, s.last_len, start,
                            s.last_block + s.stride * steps + 1, conf)
-        else:
-            window.mode = _NONE
-            return
         self._clip_and_register(now, window)
         if window.issued < window.end:
             self.ctx.planner.offer(window)
+        else:
+            self.ctx.planner.changed(window)
 
     @staticmethod
     def _retarget(window: StrideWindow, mode: int, step: int, length: int, start: int, end: int,
