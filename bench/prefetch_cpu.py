@@ -182,7 +182,7 @@ def _sequential() -> Pattern:
                    SEQ_INTERVAL_S, ROOMY_CACHE)
 
 
-def _hinted(name: str, about: str, capacity: int, prefill: bool) -> Pattern:
+def _hinted(name: str, about: str, capacity: int, prefill: bool, warm: bool = False) -> Pattern:
     """The job announces its shuffled order (one record, as HintedSampler does for an epoch
     this short); worker ``w`` reads batches ``w, w + 8, ...``, the eight in step, each worker
     with its own handle per shard."""
@@ -202,7 +202,7 @@ def _hinted(name: str, about: str, capacity: int, prefill: bool) -> Pattern:
                 if k < len(batch):
                     f, off = batch[k]
                     reads.append((worker * 100 + f, f, off, SAMPLE))
-    return Pattern(name, about, catalog, reads, READ_INTERVAL_S, capacity, prefill,
+    return Pattern(name, about, catalog, reads, READ_INTERVAL_S, capacity, prefill, warm,
                    hints=[HintRecord(0, items, "rank0")])
 
 
@@ -223,6 +223,8 @@ def patterns() -> list[Pattern]:
         _hinted("hinted", "8 workers, shuffled 16 KiB samples, 8 shards, hints", ROOMY_CACHE,
                 False),
         _hinted("hinted-full", "the same, cache full of other data", FULL_CACHE, True),
+        _hinted("hinted-warm", "the same, every block cached (a warm spoke)", ROOMY_CACHE,
+                False, warm=True),
     ]
 
 

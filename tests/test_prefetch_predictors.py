@@ -12,6 +12,7 @@ from neuralcache.events import AccessEvent
 from neuralcache.ensemble import Ledger
 from neuralcache.hints import HintRecord
 from neuralcache.planner import MAX_REQUEST_BLOCKS
+from neuralcache.predictors.hinted import MAX_SKIPPED_ITEMS
 from neuralcache.prefetcher import PrefetchConfig, Prefetcher
 from tests.prefetch_helpers import LINK, DictCache, blocks_of, shards
 
@@ -358,3 +359,25 @@ def test_ledger_scores_whole_ranges_exactly_as_block_by_block(ops):
     fast, slow = ledgers
     assert fast.accuracy == slow.accuracy and fast.outcomes == slow.outcomes
     assert fast._pending == slow._pending
+
+
+def test_a_warm_epoch_is_walked_a_bounded_stretch_per_plan_and_nothing_is_fetched():
+    """Over a cache that holds the whole epoch the hinted window has nothing to fetch; walking
+    past cached items costs each plan at most MAX_SKIPPED_ITEMS of them (all at once it held
+    the event loop for a second), and the walk still gets through the window."""
+    catalog = shards(n=16, size=4 << 20)  # 4,096 samples of 16 KiB
+    samples = [(f, b) for f in range(1, 17) for b in range(0, 1024, 4)]
+    order = random.Random(7).sample(samples, len(samples))
+    cache = DictCache()
+    cache.keys.update((f << 40) | x for f in range(1, 17) for x in range(1024))
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False, epoch_replay=False), LINK)
+    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
+    assert p.on_hints(0.0, HintRecord(0, items, "rank0")) == []
+    epoch = p.hinted.sequences["rank0"].epochs[0]
+    walked = []
+    for k, (f, b) in enumerate(order[:400]):
+        before = epoch.issued
+        assert p.on_access(0.001 * k, AccessEvent(1, f, b * BLOCK_SIZE, 4 * BLOCK_SIZE)) == []
+        walked.append(epoch.issued - before)
+    assert max(walked) <= MAX_SKIPPED_ITEMS + 1  # the item the read itself marked, at most
+    assert epoch.issued >= epoch.reach > 1000  # the walk reached the far end of the window
