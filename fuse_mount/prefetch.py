@@ -4,8 +4,10 @@ A FUSE read only appends ``(time, handle, entry, offset, length)`` to an inbox a
 task, the pump, which does the rest between FUSE requests (while a miss waits for the hub, or
 after a hit has been answered): the prefetcher's per-read work, the
 trace (``--record-trace``), hint records from the control file, completions of prefetch
-fetches and a planning tick every ``TICK_INTERVAL``. One task owns the prefetcher, so its calls
-never interleave and none of them costs a reader anything but the append.
+fetches and a planning tick every ``TICK_INTERVAL``. Messages are handed over a batch at a time
+(``Prefetcher.observe``/``complete``) with one plan after each batch, not one per message. One
+task owns the prefetcher, so its calls never interleave and none of them costs a reader
+anything but the append.
 
 A read does not wake the pump; a miss does (``BlockFetcher.on_miss``), so only cache hits
 wait, at most one tick, and for them the wait changes how often the prefetcher runs (once per
@@ -57,8 +59,8 @@ MAX_QUEUED_READS = 10_000
 """Reads waiting for the pump beyond this are not shown to the prefetcher (and counted): it
 has fallen behind, and by the time it got to them they would describe the past."""
 PUMP_BATCH = 8
-"""Messages the pump handles between checkpoints: at 20-75 us each, a FUSE request that became
-ready meanwhile waits at most about half a millisecond."""
+"""Messages the pump hands to the prefetcher before it plans once and checkpoints: at 20-75 us
+each, a FUSE request that became ready meanwhile waits at most about half a millisecond."""
 MAX_PREFETCH_FETCHES = 1024
 """Prefetch requests fetching at once. The planner's byte budget is the limit that matters;
 this one only bounds tasks, so it must not bind before the budget does even when every
@@ -200,12 +202,18 @@ class PrefetchPump:
                     next_tick = now + TICK_INTERVAL
 
     async def _drain(self) -> None:
+        """Hand the inbox to the prefetcher, planning once per batch of messages rather than
+        once per message: the plan's cost does not grow with the events behind it."""
         inbox = self._inbox
-        handled = 0
         while inbox:
-            self._handle(inbox.popleft())
-            handled += 1
-            if handled % PUMP_BATCH == 0:
+            for _ in range(min(len(inbox), PUMP_BATCH)):
+                self._handle(inbox.popleft())
+            if self.prefetcher is not None:
+                started = time.perf_counter()
+                requests = self.prefetcher.plan(trio.current_time())
+                self._predict_seconds += time.perf_counter() - started
+                self._issue(requests)
+            if inbox:
                 await trio.sleep(0)
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
@@ -220,10 +228,8 @@ class PrefetchPump:
                 self._trace.read(at - self._started, fh, fh, entry.file_id, offset, length)
             if pf is not None:
                 started = time.perf_counter()
-                requests = pf.on_access(trio.current_time(),
-                                        AccessEvent(fh, entry.file_id, offset, length))
+                pf.observe(trio.current_time(), AccessEvent(fh, entry.file_id, offset, length))
                 self._predict_seconds += time.perf_counter() - started
-                self._issue(requests)
         elif kind == _HINTS:
             _, at, record = msg
             if self._trace is not None:
@@ -232,7 +238,7 @@ class PrefetchPump:
                 self._issue(pf.on_hints(trio.current_time(), record))
         elif pf is not None:  # _DONE
             _, request, ok = msg
-            self._issue(pf.on_prefetch_complete(trio.current_time(), request, ok))
+            pf.complete(trio.current_time(), request, ok)
 
     def _tick(self, now: float) -> None:
         if self.prefetcher is not None:

@@ -86,9 +86,15 @@ class Prefetcher:
 
     def on_access(self, now: float, event: AccessEvent) -> list[PrefetchRequest]:
         """A read was served or requested; returns prefetches to start now."""
+        self.observe(now, event)
+        return self.planner.plan(now, self.ctx.horizon)
+
+    def observe(self, now: float, event: AccessEvent) -> None:
+        """``on_access`` without the plan: a caller with several events at hand (the mount's
+        pump) hands them all over and then plans once (``plan``)."""
         first, stop = block_span(event.offset, event.length)
         if stop <= first:
-            return []
+            return
         guessed = self.ledger.on_read(now, event.file_id, first, stop)
         self.planner.on_read(event.file_id, first, stop)
         self._measure_rate(now, (stop - first) * BLOCK_SIZE)
@@ -106,7 +112,6 @@ class Prefetcher:
             else:
                 self.fill.observe(now, obs, bool(guessed & self._pattern_mask))
         self.ledger.expire(now)
-        return self.planner.plan(now, self.ctx.horizon)
 
     def on_hints(self, now: float, record: HintRecord) -> list[PrefetchRequest]:
         """A decoded hint record from the control file; returns prefetches to start now."""
@@ -118,8 +123,12 @@ class Prefetcher:
     def on_prefetch_complete(self, now: float, request: PrefetchRequest, ok: bool = True
                              ) -> list[PrefetchRequest]:
         """A prefetch arrived (or failed); the freed budget may start more."""
-        self.planner.on_complete(now, request, ok)
+        self.complete(now, request, ok)
         return self.planner.plan(now, self.ctx.horizon)
+
+    def complete(self, now: float, request: PrefetchRequest, ok: bool = True) -> None:
+        """``on_prefetch_complete`` without the plan (see ``observe``)."""
+        self.planner.on_complete(now, request, ok)
 
     def on_evicted(self, file_id: int, first: int, count: int = 1) -> None:
         """The cache evicted blocks ``[first, first + count)`` of a file."""
