@@ -1,6 +1,7 @@
 """The hint wire format, the incremental decoder, announce() and HintedSampler."""
 
 import os
+import threading
 
 import msgpack
 import pytest
@@ -109,6 +110,7 @@ def test_hinted_sampler_announces_each_epoch_then_yields_the_indices():
     assert list(sampler) == [3, 1, 2]
     sampler.set_epoch(7)
     list(sampler)
+    assert sampler.wait_announced(timeout=10)
     assert [c[2] for c in calls] == [0, 1, 7]
     assert calls[0] == ("/mnt", [("s/3", 30, 10), ("s/1", 10, 10), ("s/2", 20, 10)], 0, "4")
     assert sampler.sampler.epoch == 7
@@ -118,6 +120,26 @@ def test_hinted_sampler_keeps_training_when_the_mount_is_not_neuralcache(tmp_pat
     sampler = HintedSampler(_Sampler([0, 1]), str(tmp_path), lambda i: [("f", 0, 1)])
     with pytest.warns(UserWarning, match="could not announce"):
         assert list(sampler) == [0, 1]
+        assert sampler.wait_announced(timeout=10)
+
+
+def test_hinted_sampler_yields_before_its_announcement_is_written():
+    """The first batch of an epoch never waits for the hints: they go out in a thread."""
+    release = threading.Event()
+    calls = []
+
+    def slow_announce(mountpoint, items, epoch, source):
+        assert release.wait(timeout=10)
+        calls.append(epoch)
+
+    sampler = HintedSampler(_Sampler([5, 6]), "/mnt", lambda i: [("f", i, 1)],
+                            announce_fn=slow_announce)
+    assert next(iter(sampler)) == 5  # while the announcement is still blocked
+    assert list(sampler) == [5, 6]  # the next epoch's waits for the first one's
+    assert not sampler.wait_announced(timeout=0.05) and calls == []
+    release.set()
+    assert sampler.wait_announced(timeout=10)
+    assert calls == [0, 1]  # in epoch order
 
 
 def test_hinted_sampler_with_a_torch_dataloader(tmp_path):
@@ -131,5 +153,6 @@ def test_hinted_sampler_with_a_torch_dataloader(tmp_path):
                             str(tmp_path), lambda i: [("data.bin", i * 16, 16)])
     loader = DataLoader(dataset, batch_size=5, sampler=sampler)
     seen = [int(x) for batch in loader for x in batch]
+    assert sampler.wait_announced(timeout=10)
     (record,) = decode_hints((tmp_path / CONTROL_FILE).read_bytes())
     assert [o // 16 for _, o, _ in record.items] == seen

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -95,8 +96,14 @@ def test_hinted_sampler_announces_the_shuffled_reads(shards: tuple[str, ShardLay
         return 0
 
     config = LoopConfig(batch_size=4, workers=0, step_seconds=0.0, batches=3, order=SHUFFLED)
-    run_loop(root, layout, config,
-             wrap_sampler=lambda s: HintedSampler(s, root, layout.ranges, announce_fn=capture))
+    samplers: list[HintedSampler] = []
+
+    def wrap(sampler: Any) -> HintedSampler:
+        samplers.append(HintedSampler(sampler, root, layout.ranges, announce_fn=capture))
+        return samplers[-1]
+
+    run_loop(root, layout, config, wrap_sampler=wrap)
+    assert samplers[0].wait_announced(timeout=30)  # announced in the background
     # the whole epoch's order is announced, one 16 KiB range per sample, each sample once
     assert len(announced) == layout.samples
     assert len(set(announced)) == layout.samples
