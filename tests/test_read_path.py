@@ -107,8 +107,8 @@ def test_hits_reach_the_prefetcher_on_the_tick_merged_and_misses_at_once(tmp_pat
             pump = PrefetchPump(Namespace([ROOT, ENTRY]), cache, fetcher, prefetch=True,
                                 link=LinkEstimate(25e6, 0.06))
             assert pump.prefetcher is not None
-            pump.prefetcher.on_access = (  # type: ignore[method-assign]
-                lambda now, event: seen.append((now, event)) or [])
+            pump.prefetcher.observe = (  # type: ignore[method-assign]
+                lambda now, event: seen.append((now, event)))
             await nursery.start(pump.run)
             await trio.sleep(TICK_INTERVAL / 2)  # between two ticks
             started = trio.current_time()
