@@ -165,7 +165,7 @@ class HintedSampler:
     The announcement is made by a background thread (which calls ``index_to_ranges``), so the
     epoch's first batch does not wait for it: an epoch of 32,768 samples is 1.3 MB of hints
     that the mount decodes on its event loop, and it held the first batch of a warm
-    ``bench.repro`` run for 0.2-0.8 s. Epochs are announced in order (an epoch's thread waits
+    ``bench.repro`` run for 0.3-0.8 s. Epochs are announced in order (an epoch's thread waits
     for the previous one's); ``wait_announced`` waits for the latest. A failed announcement
     (not a NeuralCache mount) warns once and never stops training.
     """
@@ -203,6 +203,13 @@ class HintedSampler:
             self.epoch += 1
         self._epoch_set = False
         return iter(indices)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copyable and picklable (a sampler may be copied, or saved with a checkpoint):
+        without the announcing thread, which stays with the original."""
+        state = self.__dict__.copy()
+        state["_thread"] = None
+        return state
 
     def wait_announced(self, timeout: float | None = None) -> bool:
         """Wait until the latest epoch's announcement is written (or failed); False if it is

@@ -17,6 +17,7 @@ from fabric import openat2
 from fabric.export import Confinement, Export, ExportError, WouldBlock, content_version
 from fabric.protocol import ErrorCode, MetaEntry
 from neuralcache.blocks import BLOCK_SIZE
+from tests.page_cache import evict
 
 FILES = {
     "a.txt": b"hello\n",
@@ -275,16 +276,6 @@ def test_openat2_says_exdev_for_an_escape_and_eloop_for_any_symlink_both_not_fou
 
 NOWAIT_BLOCKS = 256
 NOWAIT_FILE = random.Random(5).randbytes(NOWAIT_BLOCKS * BLOCK_SIZE)
-
-
-def evict(path: Path) -> None:
-    """Drop a file's pages from the page cache (written out first: dirty pages stay)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @needs_openat2

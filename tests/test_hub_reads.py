@@ -16,7 +16,8 @@ from fabric.hub import INLINE_MAX_BLOCKS
 from fabric.protocol import ErrorCode, MetaEntry
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric, running_client, start_hub, trio_test
-from tests.test_export import evict, needs_openat2
+from tests.page_cache import evict
+from tests.test_export import needs_openat2
 
 READS = "neuralcache_hub_reads_total"
 FILE_BLOCKS = 2 * INLINE_MAX_BLOCKS + 8

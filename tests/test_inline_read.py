@@ -16,21 +16,12 @@ from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.residency import PAGE_SIZE, ResidencyProbe, buffer_address
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
+from tests.page_cache import evict
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 FILE_PAGES = 16
 RUN_READS = "neuralcache_cache_run_reads_total"
-
-
-def evict(path: Path) -> None:
-    """Drop a file's clean pages from the page cache (those no process has mapped)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture

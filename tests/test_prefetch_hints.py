@@ -1,5 +1,6 @@
 """The hint wire format, the incremental decoder, announce() and HintedSampler."""
 
+import copy
 import os
 import threading
 
@@ -137,6 +138,8 @@ def test_hinted_sampler_yields_before_its_announcement_is_written():
     assert next(iter(sampler)) == 5  # while the announcement is still blocked
     assert list(sampler) == [5, 6]  # the next epoch's waits for the first one's
     assert not sampler.wait_announced(timeout=0.05) and calls == []
+    clone = copy.deepcopy(sampler)  # while its thread runs (a checkpoint may copy a sampler)
+    assert clone.epoch == sampler.epoch and clone.wait_announced()
     release.set()
     assert sampler.wait_announced(timeout=10)
     assert calls == [0, 1]  # in epoch order
