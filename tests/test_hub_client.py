@@ -31,8 +31,6 @@ BIG = "big.bin"
 SMALL = "dir/small.bin"
 
 
-
-
 @pytest.fixture
 def export_dir(tmp_path: Path) -> Path:
     rng = random.Random(3)
