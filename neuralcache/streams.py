@@ -210,6 +210,12 @@ class StreamTable:
         prev_blocks = self.catalog.blocks(prev)
         if self._crossers_blocks.get(prev) == prev_blocks and not self._crossers.get(prev):
             return None, None  # no stream of the previous file is near its end (random reads)
+        return self._scan_crossing(prev, prev_blocks, first)
+
+    def _scan_crossing(self, prev: int, prev_blocks: int, first: int
+                       ) -> tuple[Stream | None, int | None]:
+        """The stream of file ``prev`` (``prev_blocks`` long) that a read at ``first`` of the
+        next file continues, looking at every stream of ``prev``."""
         best, best_gap = None, MATCH_FORWARD_BLOCKS + 1
         for sid in self._by_file.get(prev, ()):
             s = self._streams[sid]

@@ -83,17 +83,7 @@ class ScanningStreamTable(StreamTable):
         prev = self.catalog.prev_file(file_id)
         if prev is None:
             return None, None
-        prev_blocks = self.catalog.blocks(prev)
-        best, best_gap = None, MATCH_FORWARD_BLOCKS + 1
-        for sid in self._by_file.get(prev, ()):
-            s = self._streams[sid]
-            seq_next = s.next_block - prev_blocks
-            if s.stride and s.stride_conf and s.last_block + s.stride - prev_blocks == first:
-                return s, prev
-            gap = first - max(seq_next, 0)
-            if seq_next >= -MATCH_FORWARD_BLOCKS and 0 <= gap < best_gap:
-                best, best_gap = s, gap
-        return (best, prev) if best is not None else (None, None)
+        return self._scan_crossing(prev, self.catalog.blocks(prev), first)
 
 
 reads = st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.integers(0, 400),
