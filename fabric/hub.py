@@ -241,19 +241,20 @@ class HubServer:
         slots is kept; an inline read gives it back before any other task runs."""
         if self.export.nowait_reads and req.count <= INLINE_MAX_BLOCKS:
             try:
-                data = self.export.read_blocks(req.file_id, req.version, req.first, req.count,
-                                               nowait=True)
+                result = self._read_and_sum(req, nowait=True)
             except WouldBlock:
                 pass
             else:
                 _INLINE_READS.inc()
-                return data, range_checksums(data)
+                return result
         result = await trio.to_thread.run_sync(self._read_and_sum, req)
         _THREAD_READS.inc()
         return result
 
-    def _read_and_sum(self, req: ReadRequest) -> tuple[bytes | bytearray, bytes]:
-        data = self.export.read_blocks(req.file_id, req.version, req.first, req.count)
+    def _read_and_sum(self, req: ReadRequest, nowait: bool = False
+                      ) -> tuple[bytes | bytearray, bytes]:
+        data = self.export.read_blocks(req.file_id, req.version, req.first, req.count,
+                                       nowait=nowait)
         return data, range_checksums(data)
 
     async def _metadata(self, req: MetaRequest) -> list[bytes]:
