@@ -22,8 +22,6 @@ import argparse
 import os
 import random
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +35,7 @@ from fabric.client import HubClient
 from fabric.export import Confinement, Export
 from fabric.transport.blocksums import range_checksums
 from fuse_mount.cli import parse_size
-from fuse_mount.launch import START_TIMEOUT, free_port
+from fuse_mount.launch import START_TIMEOUT, Hub
 from fuse_mount.scrape import sample, scrape
 from neuralcache.blocks import BLOCK_SIZE
 
@@ -76,32 +74,11 @@ class Pass:
         return self.requests / self.seconds
 
 
-class HubProcess:
-    """``neuralcache hub`` run from the source tree ``tree``, serving ``export`` on loopback."""
-
-    def __init__(self, tree: Path, export: str) -> None:
-        self.metrics_port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fuse_mount.cli", "hub", "--export", export,
-             "--listen", "127.0.0.1:0", "--metrics-port", str(self.metrics_port)],
-            cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if "serving" not in line:
-            self.stop()
-            raise SystemExit(f"the hub from {tree} did not start: {line!r}")
-        self.port = int(line.rsplit(":", 1)[1])
-
-    def counters(self) -> tuple[float, float]:
-        """Read requests received, and reads done inline, so far."""
-        samples = scrape(self.metrics_port)
-        return (sample(samples, "neuralcache_hub_requests_total", kind="read"),
-                sample(samples, "neuralcache_hub_reads_total", path="inline"))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
+def hub_counters(hub: Hub) -> tuple[float, float]:
+    """Read requests the hub received, and reads it did inline, so far."""
+    samples = scrape(hub.metrics_port)
+    return (sample(samples, "neuralcache_hub_requests_total", kind="read"),
+            sample(samples, "neuralcache_hub_reads_total", path="inline"))
 
 
 def load_into_page_cache(path: str) -> None:
@@ -134,18 +111,18 @@ async def run_reads(port: int, firsts: list[int], count: int, concurrency: int,
     return elapsed
 
 
-def one_pass(hub: HubProcess, tree: str, cache: str, data: str, firsts: list[int],
+def one_pass(hub: Hub, tree: str, cache: str, data: str, firsts: list[int],
              args: argparse.Namespace) -> Pass:
     if cache == RESIDENT:
         load_into_page_cache(data)
     else:
         drop_page_cache(data)
-    requests, inline = hub.counters()
+    requests, inline = hub_counters(hub)
     before = Usage.of(hub.proc.pid)
     seconds = trio.run(run_reads, hub.port, firsts, args.blocks, args.concurrency,
                        args.priority)
     cpu = (Usage.of(hub.proc.pid) - before).cpu
-    requests_after, inline_after = hub.counters()
+    requests_after, inline_after = hub_counters(hub)
     return Pass(tree, cache, seconds, cpu, requests_after - requests, inline_after - inline)
 
 
@@ -195,8 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=DEFAULT_BLOCKS)
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY)
     parser.add_argument("--priority", choices=("demand", "prefetch"), default="prefetch",
-                        help="prefetch (default) is sent once; demand reads of up to 32 blocks "
-                             "are sent twice (hedged), which the hub's count includes")
+                        help="prefetch (default) or demand; on loopback, which loses nothing, "
+                             "demand reads are not hedged either (one request each)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--hub-pythonpath", type=Path, action="append", default=[],
                         help="another source tree to run a hub from, measured alongside")
@@ -216,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     passes = []
     for round_ in range(args.rounds):
         for name in names if round_ % 2 == 0 else names[::-1]:
-            hub = HubProcess(trees[name], os.path.dirname(data))
+            hub = Hub(Path(os.path.dirname(data)), tree=trees[name]).start()
             try:
                 for cache in (RESIDENT, EVICTED):
                     passes.append(one_pass(hub, name, cache, data, firsts, args))

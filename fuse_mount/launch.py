@@ -43,12 +43,15 @@ class Hub:
     port: int = 0
     metrics_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    tree: Path | None = None  # run the hub from this source tree (benches compare two)
 
     def start(self) -> "Hub":
+        tree = None if self.tree is None else str(self.tree)
+        env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
         self.proc = subprocess.Popen(
             [*CLI, "hub", "--export", str(self.export), "--listen", f"127.0.0.1:{self.port}",
              "--metrics-port", str(self.metrics_port)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tree, env=env)
         line = self.proc.stdout.readline()
         if "serving" not in line:
             self.stop()
