@@ -224,6 +224,27 @@ def test_readahead_far_into_the_epoch_does_not_move_the_hinted_window_past_the_j
     assert {(f, b) for f, b in order[80:96]} <= fetched  # the job's next samples are fetched
 
 
+def test_reads_before_the_announcement_count_for_its_epoch():
+    """A sampler announces from a thread while the loader reads its first batches: those reads
+    are the epoch's own, so the low-water mark follows the job instead of waiting at the first
+    of them (it moves past an item never read only every 2,048 reads)."""
+    catalog = shards(n=16, size=4 << 20)
+    samples = [(f, b) for f in range(1, 17) for b in range(0, 1024, 4)]
+    order = random.Random(5).sample(samples, len(samples))
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False, epoch_replay=False), LINK)
+    early = [k for k in range(64) if k % 8 == 0]  # each worker's first sample, read unannounced
+    for k in early:
+        _read(p, cache, 0.001 * k, 1, *order[k])
+    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
+    cache.fill(p.on_hints(0.1, HintRecord(0, items, "rank0")))
+    for k in range(64):
+        if k not in early:
+            _read(p, cache, 0.1 + 0.001 * k, 1, *order[k])
+    epoch = p.hinted.sequences["rank0"].epochs[0]
+    assert epoch.low == 64
+
+
 def test_hinted_guesses_survive_a_job_slower_than_its_pace():
     """A cold job starved by the link reads its announced order late; that is not a wrong
     announcement, so the hints stay trusted (and fetched) rather than scored off."""

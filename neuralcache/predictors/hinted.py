@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import Iterable
 
 import numpy as np
 
@@ -61,6 +62,20 @@ sequence's pace predicts. The order is the job's own, so a late read means the j
 than its measured pace (starved by the link at a cold start, say), not that the announcement
 was wrong; with the usual few-second ledger expiry a slow cold run expired most guesses, the
 ledger switched hints off and the reads fell back to demand fetches (see docs/prefetcher.md)."""
+
+
+RECENT_READS = 4096
+"""Reads remembered for an announcement that arrives after them (several times what a loader
+has outstanding: workers x prefetch factor x batch)."""
+
+ANNOUNCE_LAG_S = 10.0
+"""How long before its announcement a read may still be an epoch's own. ``HintedSampler``
+announces from a thread while the first batches are read (0.1-0.8 s in ``bench.repro``): those
+reads must count, or the low-water mark stays at the first sample of each worker's first batch.
+It moves past an item never read only every ``LOW_WATER_STALL_READS`` reads, so the mark stayed
+at the start of the epoch for a whole ``bench.repro`` run: every due time was taken from there,
+and the window's guessed part, which widening keeps exact, fell behind the job
+(docs/prefetcher.md)."""
 
 
 MAX_SKIPPED_ITEMS = 256
@@ -210,9 +225,20 @@ class HintSequence:
             return False
         return False
 
+    def replay(self, now: float, reads: Iterable[tuple[float, int, int, int]]) -> None:
+        """Count reads made before the latest epoch was announced as its own: those within
+        ``ANNOUNCE_LAG_S`` of now that fall among its first items and are not counted yet."""
+        epoch = self.epochs[-1]
+        for t, file_id, first, count in reads:
+            if now - t > ANNOUNCE_LAG_S:
+                continue
+            i = epoch.locate(file_id, first, epoch.low)
+            if 0 <= i <= epoch.low + MATCH_WINDOW_ITEMS and not epoch.read[i]:
+                self._read(t, epoch, i, file_id, first, count)
+
     def _read(self, now: float, epoch: _Epoch, i: int, file_id: int, first: int,
               count: int) -> None:
-        if self.t_first is None:
+        if self.t_first is None or now < self.t_first:
             self.t_first = now
         self.bytes_read += count * BLOCK_SIZE
         epoch.mark_read(i, file_id, first, first + count)
@@ -330,6 +356,8 @@ class HintedPredictor:
         self.ctx = ctx
         self.sequences: dict[str, HintSequence] = {}
         self.unknown_paths = 0
+        self._recent: deque[tuple[float, int, int, int]] = deque(maxlen=RECENT_READS)
+        """(time, file id, first block, blocks) of the latest reads, for ``replay``."""
 
     def on_hints(self, now: float, record: HintRecord) -> None:
         """Append a record's items to its announcer's epoch (a new epoch number starts one)."""
@@ -349,11 +377,13 @@ class HintedPredictor:
             first, stop = block_span(offset, min(length, catalog.size(file_id) - offset))
             if stop > first:
                 epoch.append(file_id, first, stop)
+        seq.replay(now, self._recent)
         seq.register(now)
         self.ctx.planner.offer(seq)
 
     def observe(self, now: float, file_id: int, first: int, count: int) -> bool:
         """Follow the read through every announced order; True if one of them holds it."""
+        self._recent.append((now, file_id, first, count))
         matched = False
         for seq in self.sequences.values():
             if seq.match(now, file_id, first, count):
