@@ -64,6 +64,14 @@ PREFETCH_WASTED_BYTES = Counter(
     "Prefetched bytes evicted or left unread for 300 s.")
 PREFETCH_FAILED_BYTES = Counter(
     "neuralcache_prefetch_failed_bytes_total", "Prefetched bytes whose fetch failed.")
+PREFETCH_PREDICTOR_ISSUED_BYTES = Counter(
+    "neuralcache_prefetch_predictor_issued_bytes_total",
+    "Bytes the prefetcher asked the hub for, by the predictor whose guess they were.",
+    ["predictor"])
+PREFETCH_PREDICTOR_USEFUL_BYTES = Counter(
+    "neuralcache_prefetch_predictor_useful_bytes_total",
+    "Prefetched bytes read after they arrived, by the predictor whose guess they were.",
+    ["predictor"])
 PREFETCH_INFLIGHT_BYTES = Gauge(
     "neuralcache_prefetch_inflight_bytes", "Prefetch bytes requested and not yet arrived.")
 PREFETCH_EVENTS_DROPPED = Counter(

@@ -287,6 +287,11 @@ class PrefetchPump:
                                    (metrics.PREFETCH_FAILED_BYTES,
                                     stats.failed_blocks * BLOCK_SIZE)):
                 self._advance(counter, value)
+            for predictor, (issued, useful) in stats.per_source.items():
+                self._advance(metrics.PREFETCH_PREDICTOR_ISSUED_BYTES.labels(predictor),
+                              issued * BLOCK_SIZE)
+                self._advance(metrics.PREFETCH_PREDICTOR_USEFUL_BYTES.labels(predictor),
+                              useful * BLOCK_SIZE)
             metrics.PREFETCH_INFLIGHT_BYTES.set(stats.inflight_blocks * BLOCK_SIZE)
         metrics.PREFETCH_CPU_SECONDS.labels("queue").inc(self._queue_seconds)
         metrics.PREFETCH_CPU_SECONDS.labels("predict").inc(self._predict_seconds)

@@ -103,6 +103,11 @@ def test_hinted_ranges_are_cached_before_they_are_read(dataset, shard_hub: Hub,
     assert got == b"".join(files[rel][off:off + n] for off, n in ranges)
     assert spoke.metric("neuralcache_cache_miss_blocks_total") == 0
     assert spoke.metric("neuralcache_cache_hit_blocks_total") == len(ranges) * sample // 4096
+    # Every block read was fetched on the hints' word, so the per-predictor counters say so.
+    wait_until(lambda: spoke.metric("neuralcache_prefetch_predictor_useful_bytes_total",
+                                    predictor="hinted") == len(ranges) * sample)
+    assert spoke.metric("neuralcache_prefetch_predictor_issued_bytes_total",
+                        predictor="hinted") >= len(ranges) * sample
 
 
 def test_malformed_hints_fail_with_einval_and_the_mount_keeps_working(
