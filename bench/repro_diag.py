@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bench.repro_data import WINDOW_BYTES
-from bench.repro_stats import (EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS, MISSES, PREFETCH_FAILED,
-                               PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, PREFETCH_WASTED,
-                               READ_BYTES, READS, RunRecord, Samples, metric_total)
+from bench.repro_stats import (EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS, MISSES, PREDICTOR_ISSUED,
+                               PREDICTOR_USEFUL, PREFETCH_FAILED, PREFETCH_ISSUED, PREFETCH_LATE,
+                               PREFETCH_USEFUL, PREFETCH_WASTED, READ_BYTES, READS, RunRecord,
+                               Samples, label_values, metric_total)
 
 MB = 1e6
 
@@ -41,6 +42,7 @@ class Diagnosis:
     prefetch_requests: float  # prefetch chunks sent to the hub
     evictions: float  # blocks
     dropped_events: float  # reads the prefetcher never saw
+    by_predictor: tuple[tuple[str, float, float], ...] = ()  # (predictor, issued, useful)
 
     @property
     def wan_per_read(self) -> float:
@@ -61,7 +63,13 @@ class Diagnosis:
                 f"{self.failed / MB:.0f} MB; missed {self.miss_bytes / MB:.0f} MB; hub requests "
                 f"demand {self.demand_requests:.0f} prefetch {self.prefetch_requests:.0f}; "
                 f"evicted {self.evictions:.0f} blocks; prefetcher dropped "
-                f"{self.dropped_events:.0f} reads")
+                f"{self.dropped_events:.0f} reads" + self._predictors())
+
+    def _predictors(self) -> str:
+        """Issued / useful MB per predictor that issued anything."""
+        parts = [f"{name} {issued / MB:.0f}/{useful / MB:.0f}"
+                 for name, issued, useful in self.by_predictor if issued]
+        return "; issued/useful MB by predictor: " + ", ".join(parts) if parts else ""
 
 
 def diagnose(record: RunRecord) -> Diagnosis | None:
@@ -78,7 +86,10 @@ def diagnose(record: RunRecord) -> Diagnosis | None:
         failed=metric_total(m, PREFETCH_FAILED), miss_bytes=metric_total(m, MISSES) * 4096,
         demand_requests=metric_total(m, HUB_REQUESTS, priority="demand"),
         prefetch_requests=metric_total(m, HUB_REQUESTS, priority="prefetch"),
-        evictions=metric_total(m, EVICTIONS), dropped_events=metric_total(m, EVENTS_DROPPED))
+        evictions=metric_total(m, EVICTIONS), dropped_events=metric_total(m, EVENTS_DROPPED),
+        by_predictor=tuple((name, metric_total(m, PREDICTOR_ISSUED, predictor=name),
+                            metric_total(m, PREDICTOR_USEFUL, predictor=name))
+                           for name in label_values(m, PREDICTOR_ISSUED, "predictor")))
 
 
 LINK_GAUGES = (("neuralcache_fabric_btl_bw_bytes_per_second", "btl_bw", 8e-6, "Mbit/s"),

@@ -39,9 +39,11 @@ EVENTS_DROPPED = "neuralcache_prefetch_events_dropped_total"
 EVICTIONS = "neuralcache_cache_evictions_total"
 READS = "neuralcache_reads_total"
 HUB_REQUESTS = "neuralcache_fabric_requests_total"
+PREDICTOR_ISSUED = "neuralcache_prefetch_predictor_issued_bytes_total"
+PREDICTOR_USEFUL = "neuralcache_prefetch_predictor_useful_bytes_total"
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
-                EVICTIONS, READS, HUB_REQUESTS)
+                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 
@@ -123,6 +125,11 @@ def metric_total(delta: dict[str, float], name: str, **labels: str) -> float:
     """Sum of ``name``'s samples whose labels include ``labels``."""
     return sum(v for k, v in delta.items()
                if _name(k) == name and labels.items() <= _labels(k).items())
+
+
+def label_values(delta: dict[str, float], name: str, label: str) -> list[str]:
+    """The values ``label`` takes among ``name``'s samples, sorted."""
+    return sorted({_labels(k)[label] for k in delta if _name(k) == name and label in _labels(k)})
 
 
 def hit_ratio(delta: dict[str, float]) -> float | None:

@@ -179,8 +179,8 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
 
 def test_diagnosis_accounts_for_the_wan_bytes() -> None:
     from bench.repro_diag import diagnose, link_model
-    from bench.repro_stats import (HUB_REQUESTS, PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL,
-                                   READ_BYTES)
+    from bench.repro_stats import (HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL,
+                                   PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, READ_BYTES)
 
     trace = _trace([0.02] * 10)
     trace.read_seconds = [0.001] * 240  # 240 samples of 16 KiB read by the loader
@@ -190,7 +190,10 @@ def test_diagnosis_accounts_for_the_wan_bytes() -> None:
                PREFETCH_ISSUED: loader * 0.75, PREFETCH_USEFUL: loader * 0.7,
                PREFETCH_LATE: loader * 0.05, MISSES: loader * 0.3 / 4096,
                f'{HUB_REQUESTS}{{priority="demand"}}': 120.0,
-               f'{HUB_REQUESTS}{{priority="prefetch"}}': 180.0}
+               f'{HUB_REQUESTS}{{priority="prefetch"}}': 180.0,
+               f'{PREDICTOR_ISSUED}{{predictor="hinted"}}': 3e6,
+               f'{PREDICTOR_USEFUL}{{predictor="hinted"}}': 2e6,
+               f'{PREDICTOR_ISSUED}{{predictor="stride"}}': 0.0}
     record = RunRecord("shuffled|spoke|cold", 0, trace, 1.0, wan_down_bytes=int(1.3 * loader),
                        wan_up_bytes=0, metrics=metrics)
     d = diagnose(record)
@@ -200,6 +203,7 @@ def test_diagnosis_accounts_for_the_wan_bytes() -> None:
     assert (d.demand_requests, d.prefetch_requests) == (120, 180)
     assert d.miss_bytes == pytest.approx(loader * 0.3)
     assert "WAN/read 1.30" in d.line() and "demand 120 prefetch 180" in d.line()
+    assert d.line().endswith("; issued/useful MB by predictor: hinted 3/2")  # stride issued 0
     assert diagnose(RunRecord("shuffled|hub-local", 0, trace, 1.0)) is None
     scrape = {("neuralcache_fabric_btl_bw_bytes_per_second", ()): 25e6,
               ("neuralcache_fabric_min_rtt_seconds", ()): 0.061}
