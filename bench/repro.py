@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Any, Callable, Iterable, Iterator
 
-from bench import repro_procs
+from bench import proc_cpu, repro_procs
 from bench.mount_procs import drop_page_cache, exit_on_sigterm
 from bench.repro_data import WINDOW_BYTES, ShardLayout, make_dataset
 from bench.repro_diag import Timeline, diagnose, link_model
@@ -123,14 +123,14 @@ class Repro:
         return self.args.cache_size or max(MIN_CACHE_SIZE, 2 * self.layout.total_bytes)
 
     # -- one measured loop ------------------------------------------------------------------
-    def _probe(self) -> tuple[float, dict[str, Any]]:
-        return time.perf_counter(), self.link.stats()
+    def _probe(self) -> tuple[dict[str, float], float, dict[str, Any]]:
+        return proc_cpu.snapshot(), time.perf_counter(), self.link.stats()
 
     def measure(self, scenario: Scenario, repeat: int, root: str,
                 wrap_sampler: Callable[[Iterable[int]], Iterable[int]] | None = None,
                 metrics_port: int | None = None) -> RunRecord:
-        before = None if metrics_port is None else repro_procs.scrape(self.link, SPOKE_SIDE,
-                                                                       metrics_port)
+        before = (None if metrics_port is None
+                  else repro_procs.scrape(self.link, SPOKE_SIDE, metrics_port))
         with contextlib.ExitStack() as stack:
             timeline = None
             if self.args.timeline and metrics_port is not None:
@@ -138,7 +138,7 @@ class Repro:
                     lambda: repro_procs.scrape(self.link, SPOKE_SIDE, metrics_port)))
             trace = run_loop(root, self.layout, self.loop_config(scenario.variant),
                              wrap_sampler, probe=self._probe)
-        (t0, s0), (t1, s1) = trace.probes
+        (cpu0, t0, s0), (cpu1, t1, s1) = trace.probes
         trace.probes = []
         remote = scenario.target != LOCAL
         metrics = None
@@ -152,9 +152,12 @@ class Repro:
             wan_down_bytes=link_counter(s0, s1, DOWN, "forwarded_bytes") if remote else None,
             wan_up_bytes=link_counter(s0, s1, UP, "forwarded_bytes") if remote else None,
             wan_drops=link_counter(s0, s1, DOWN, "queue_dropped_packets") if remote else None,
-            metrics=metrics)
+            metrics=metrics, cpu_seconds=proc_cpu.used(cpu0, cpu1))
         self.records.append(record)
         self._report_run(record)
+        if record.cpu_seconds:
+            print(f"    {proc_cpu.describe(record.cpu_seconds, record.probe_seconds)}",
+                  flush=True)
         if gauges:
             print(f"    {gauges}", flush=True)
         if timeline is not None:

@@ -188,18 +188,19 @@ class RunRecord:
     wan_up_bytes: int | None = None
     metrics: dict[str, float] | None = None  # spoke metric increases; None if not our mount
     wan_drops: int | None = None  # hub -> spoke packets tail-dropped by the link's queue
+    cpu_seconds: dict[str, float] | None = None  # CPU per role over the loop (bench.proc_cpu)
 
     def to_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "repeat": self.repeat, "trace": self.trace.to_json(),
                 "probe_seconds": self.probe_seconds, "wan_down_bytes": self.wan_down_bytes,
                 "wan_up_bytes": self.wan_up_bytes, "metrics": self.metrics,
-                "wan_drops": self.wan_drops}
+                "wan_drops": self.wan_drops, "cpu_seconds": self.cpu_seconds}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunRecord:
         return cls(data["scenario"], data["repeat"], LoopTrace.from_json(data["trace"]),
                    data["probe_seconds"], data["wan_down_bytes"], data["wan_up_bytes"],
-                   data["metrics"], data.get("wan_drops"))
+                   data["metrics"], data.get("wan_drops"), data.get("cpu_seconds"))
 
 
 def link_use(record: RunRecord, link_rate_bps: float) -> float | None:

@@ -1,0 +1,90 @@
+"""CPU time by role (spoke daemon, hub, WAN forwarder, rclone, the loader), read from ``/proc``.
+
+Everything a ``bench.repro`` run starts shares the machine's cores, and the spoke daemon's event
+loop is one thread: when a cold run's loader waits, the split of CPU between the daemon, the
+hub, the user-space WAN forwarder and the loader says whether a process, or the machine, is
+the limit. Processes are told apart by their command lines, so a run must not share the
+machine with another mount, hub or forwarder (benches take ``/tmp/nc-bench.lock``).
+"""
+
+from __future__ import annotations
+
+import os
+
+DAEMON, HUB, FORWARDER, RCLONE, LOADER = ("spoke daemon", "hub", "WAN forwarder", "rclone",
+                                          "loader")
+ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (DAEMON, ("fuse_mount.cli", "mount")),
+    (HUB, ("fuse_mount.cli", "hub")),
+    (FORWARDER, ("bench.wan_forwarder",)),
+)
+"""A process has a role if its argv holds all these words (rclone: its program name)."""
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """Fields of ``/proc/PID/stat`` after the command name (index 0 is field 3, the state)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except OSError:  # gone meanwhile
+        return None
+
+
+def _argv(pid: str) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def role_of(argv: list[str]) -> str | None:
+    """The role a command line plays in a run, or None."""
+    if argv and os.path.basename(argv[0]) == "rclone":
+        return RCLONE
+    for role, words in ROLES:
+        if all(w in argv for w in words):
+            return role
+    return None
+
+
+def snapshot(loader_pid: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system, every thread) used so far per role by live processes.
+
+    The loader is ``loader_pid`` (this process by default) with its children, the DataLoader's
+    workers: the children it has reaped are in its own ``cutime``/``cstime``, live ones are
+    read one by one, so workers that exit between two snapshots still count.
+    """
+    loader_pid = os.getpid() if loader_pid is None else loader_pid
+    out: dict[str, float] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat(name)
+        if fields is None:
+            continue
+        pid, ppid = int(name), int(fields[1])
+        if pid == loader_pid:
+            role, ticks = LOADER, sum(map(int, fields[11:15]))  # utime stime cutime cstime
+        elif ppid == loader_pid and role_of(_argv(name)) is None:
+            role, ticks = LOADER, int(fields[11]) + int(fields[12])
+        else:
+            role, ticks = role_of(_argv(name)), int(fields[11]) + int(fields[12])
+        if role is not None:
+            out[role] = out.get(role, 0.0) + ticks / _TICK
+    return out
+
+
+def used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per role between two snapshots (roles absent from ``after`` are gone)."""
+    return {role: max(0.0, after[role] - before.get(role, 0.0)) for role in after}
+
+
+def describe(cpu: dict[str, float], seconds: float) -> str:
+    """``role 12.3 s (45 %)`` for each role that used a tenth of a second or more, busiest
+    first, % of one core over ``seconds``."""
+    parts = [f"{role} {s:.1f} s ({100 * s / seconds:.0f} %)"
+             for role, s in sorted(cpu.items(), key=lambda kv: -kv[1]) if s >= 0.1]
+    return "CPU over the loop, % of one core: " + ", ".join(parts) if parts else ""

@@ -1,0 +1,42 @@
+"""bench.proc_cpu: CPU time by role, read from /proc, for real processes."""
+
+import subprocess
+import sys
+import time
+
+from bench import proc_cpu
+
+BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+
+
+def test_roles_are_told_by_their_command_lines() -> None:
+    assert proc_cpu.role_of(["python", "-m", "fuse_mount.cli", "mount", "/mnt", "--foreground"]
+                            ) == proc_cpu.DAEMON
+    assert proc_cpu.role_of(["python", "-m", "fuse_mount.cli", "hub", "--export", "/d"]
+                            ) == proc_cpu.HUB
+    assert proc_cpu.role_of(["python", "-m", "fuse_mount.cli", "umount", "/mnt"]) is None
+    assert proc_cpu.role_of(["/usr/bin/rclone", "mount", "r:", "/mnt"]) == proc_cpu.RCLONE
+    assert proc_cpu.role_of(["python", "-m", "bench.wan_forwarder", "--hub-fd", "4"]
+                            ) == proc_cpu.FORWARDER
+
+
+def test_snapshot_counts_a_role_and_the_loaders_children_live_and_reaped() -> None:
+    before = proc_cpu.snapshot()
+    # A busy process whose argv says it is the forwarder, and a plain child (a loader worker).
+    forwarder = subprocess.Popen([sys.executable, "-c", BUSY + "time.sleep(30)",
+                                  "bench.wan_forwarder"])
+    worker = subprocess.Popen([sys.executable, "-c", BUSY])
+    try:
+        worker.wait(30)  # reaped: its CPU is in this process's cutime now
+        deadline = time.monotonic() + 30
+        while proc_cpu.used(before, proc_cpu.snapshot()).get(proc_cpu.FORWARDER, 0) < 0.25:
+            assert time.monotonic() < deadline, "the forwarder's CPU never showed"
+            time.sleep(0.05)
+        cpu = proc_cpu.used(before, proc_cpu.snapshot())
+        assert cpu[proc_cpu.LOADER] >= 0.25  # the reaped worker's 0.3 s
+        assert proc_cpu.FORWARDER not in proc_cpu.used(before, before)
+        line = proc_cpu.describe(cpu, 1.0)
+        assert line.startswith("CPU over the loop, % of one core: ") and "WAN forwarder" in line
+    finally:
+        forwarder.kill()
+        forwarder.wait()
