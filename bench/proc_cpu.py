@@ -18,7 +18,8 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (HUB, ("fuse_mount.cli", "hub")),
     (FORWARDER, ("bench.wan_forwarder",)),
 )
-"""A process has a role if its argv holds all these words (rclone: its program name)."""
+"""A process has a role if its argv holds all these words. rclone is told by its program name,
+so its server on the hub side and its mount on the spoke side count together."""
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
