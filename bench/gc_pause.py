@@ -40,7 +40,8 @@ def fill(path: str, blocks: int) -> BlockStore:
     store = BlockStore(path, blocks * len(VALUE) * 2)
     for start in range(0, blocks, BATCH):
         keys = [BlockKey(b // 4096, 1, b % 4096) for b in range(start, min(start + BATCH, blocks))]
-        store.write_batch(dict.fromkeys(keys, VALUE), [], {})
+        stamps = dict.fromkeys(keys, (0, len(VALUE), None))  # the rows the index is read from
+        store.write_batch(dict.fromkeys(keys, VALUE), [], stamps)
     return store
 
 

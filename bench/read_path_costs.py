@@ -103,7 +103,9 @@ def _fill_store(path: str, blocks: int, data: bytes) -> BlockStore:
     for start in range(0, blocks, WRITE_BATCH):
         puts = {BlockKey(FILE_ID, VERSION, b): data[b * BLOCK_SIZE:(b + 1) * BLOCK_SIZE]
                 for b in range(start, min(start + WRITE_BATCH, blocks))}
-        store.write_batch(puts, [], {})
+        placed = store.write_batch(puts, [], {})
+        # As the daemon's writer does: the stamp rows, with where each value lies, follow.
+        store.write_batch({}, [], {k: (0, BLOCK_SIZE, a) for k, a in placed.items()})
     return store
 
 

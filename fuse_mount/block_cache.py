@@ -73,8 +73,9 @@ class BlockCache:
         self._reader = ReaderThread()
         self._probe = ResidencyProbe()  # used on the event loop only
         self._addresses: dict[BlockKey | KeyTuple, int] = {}
-        """Where each block's value lay in LMDB's map when it was indexed or last written,
-        for the residency check of inline reads; forgotten at any later change to the key."""
+        """Where each block's value lay in LMDB's map when it was last written or read in the
+        reader thread, for the residency check of inline reads; forgotten at any later change
+        to the key. Not known for blocks only indexed at mount (see ``BlockStore.index``)."""
         self.inline_max_blocks = INLINE_MAX_BLOCKS
         """Longest run ``read_run`` may serve on the event loop (0: always the reader thread)."""
         self._load_index()
@@ -102,7 +103,8 @@ class BlockCache:
         # map keep (see ``_held_key``).
         for entry in self.store.index():
             self._clock = max(self._clock, entry.stamp)
-            self._addresses[entry.key] = entry.address
+            if entry.address is not None:
+                self._addresses[entry.key] = entry.address
             for old in self.policy.insert(entry.key, entry.size):
                 self._record(old, _DELETED)
         metrics.CACHE_CAPACITY_BYTES.set(self.policy.capacity)
@@ -179,21 +181,37 @@ class BlockCache:
                 or (self._writing and not self._writing.keys().isdisjoint(keys))):
             return None
         data = None
-        if count <= self.inline_max_blocks:
-            addresses = list(map(self._addresses.get, keys))
-            if None not in addresses:
-                data = self.store.read_run_resident(file_id, version, first, count,
-                                                    addresses, self._probe)
+        addresses = list(map(self._addresses.get, keys))
+        unlocated = None in addresses
+        if count <= self.inline_max_blocks and not unlocated:
+            data = self.store.read_run_resident(file_id, version, first, count,
+                                                addresses, self._probe)
         if data is not None:
             _INLINE_READS.inc()
+        elif unlocated and count <= self.inline_max_blocks:
+            # Learn where the values lie, so that the next read of them may go inline.
+            _THREAD_READS.inc()
+            located = await self._reader.run(self.store.read_run_located, file_id, version,
+                                             first, count)
+            if located is not None:
+                data, addresses = located
+                self._learn_addresses(keys, addresses)
         else:
             _THREAD_READS.inc()
-            data = await self._reader.run(self.store.read_run, file_id, version, first, count)
+            data = await self._reader.run(self.store.read_run, file_id, version, first, count,
+                                          None if unlocated else addresses)
         if data is not None:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
             # meanwhile: keys name one version, and every checksum was verified.
             self._touch(keys)
         return data
+
+    def _learn_addresses(self, keys: list[KeyTuple], addresses: list[int]) -> None:
+        """Remember where a thread read found these values, for the ones nothing has changed
+        since (held, and no write of them queued or running)."""
+        ops, writing, holds = self._ops, self._writing, self.policy.holds
+        self._addresses.update((k, a) for k, a in zip(keys, addresses)
+                               if holds(k) and k not in ops and k not in writing)
 
     async def get_many(self, keys: Iterable[BlockKey]) -> dict[BlockKey, bytes]:
         """The blocks among ``keys`` that the cache holds."""
@@ -247,8 +265,13 @@ class BlockCache:
         batch = dict(list(self._ops.items())[:MAX_BATCH_OPS])
         for key in batch:
             del self._ops[key]
-        stamps = {k: s for k, s in self._stamps.items() if batch.get(k, True) is not _DELETED}
-        self._stamps.clear()
+        # A stamp row goes with its block's put, never before it (``BlockStore.index`` reads
+        # the stamps alone): the stamps of keys whose change waits for a later batch wait too.
+        waiting = {k: s for k, s in self._stamps.items() if k in self._ops}
+        sizes, located = self.policy.sizes, self._addresses
+        stamps = {k: (s, sizes[k], located.get(k)) for k, s in self._stamps.items()
+                  if k in sizes and k not in waiting}
+        self._stamps = waiting
         if not batch and not stamps:
             self._work = trio.Event()
             return
@@ -261,9 +284,15 @@ class BlockCache:
             self._drop_unwritten(puts, exc)
         else:
             # A key changed again meanwhile (evicted, say) has its new op queued: that write
-            # will move or free the value, so its address is not worth keeping.
-            self._addresses.update((_held_key(k), a) for k, a in written.items()
-                                   if k not in self._ops and k in self.policy)
+            # will move or free the value, so its address is not worth keeping. The others'
+            # addresses go into their stamp rows with the next batch, so that the next mount
+            # knows them too (a later stamp of the key, if any, is the one kept).
+            placed = [(_held_key(k), a) for k, a in written.items()
+                      if k not in self._ops and k in self.policy]
+            self._addresses.update(placed)
+            for key, _ in placed:
+                if key in stamps:
+                    self._stamps.setdefault(key, stamps[key][0])
         finally:
             self._writing = {}
         if not self._ops:

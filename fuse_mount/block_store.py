@@ -21,10 +21,14 @@ from fabric.checksum import block_checksum
 from fabric.protocol import CHECKSUM_BYTES
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
-from .residency import ResidencyProbe, buffer_address
+from .residency import ResidencyProbe, buffer_address, will_need
 
 _KEY = struct.Struct(">QQQ")
 _STAMP = struct.Struct(">Q")
+"""A last-use row as older caches wrote it: the stamp alone (the block's size not kept)."""
+_STAMP_ROW = struct.Struct(">QIQ")
+"""A last-use row: the stamp, the block's size and where its value starts in the cache file (0:
+not known yet), so that the index is read from this table alone (see ``index``)."""
 _CHECKSUM = struct.Struct(">Q")
 """A stored checksum as an int: ``block_checksum`` is xxh3-64 packed this way, and comparing
 ints saves a bytes object per block on the range read."""
@@ -74,13 +78,27 @@ class IndexEntry(NamedTuple):
     key: KeyTuple  # a plain tuple: the cache keeps it for as long as it holds the block
     size: int
     stamp: int
-    address: int  # of the value in the map, while no write replaces or deletes it
+    address: int | None  # of the value in this process's map, if its row says where it lies
 
 
 def map_size_for(capacity: int) -> int:
     """LMDB map size that holds ``capacity`` bytes of blocks."""
     blocks = block_count(capacity)
     return blocks * PAGES_PER_BLOCK * os.sysconf("SC_PAGE_SIZE") + MAP_SLACK
+
+
+def _map_base(data_file: str) -> int | None:
+    """Start of this process's one mapping of ``data_file`` at offset 0 (``/proc/self/maps``),
+    or None if there is not exactly one."""
+    path, inode = os.path.realpath(data_file), os.stat(data_file).st_ino
+    starts = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if (len(fields) == 6 and int(fields[2], 16) == 0 and int(fields[4]) == inode
+                    and fields[5].rstrip("\n") == path):
+                starts.append(int(fields[0].split("-")[0], 16))
+    return starts[0] if len(starts) == 1 else None
 
 
 def _walk_run(txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int
@@ -124,6 +142,10 @@ class BlockStore:
                              metasync=False, readahead=False, max_readers=256)
         self._blocks = self.env.open_db(b"blocks")
         self._stamps = self.env.open_db(b"stamps")
+        self._thread_probe = ResidencyProbe()
+        self._map_base = _map_base(os.path.join(path, "data.mdb"))
+        """Where LMDB mapped the cache file in this process, to turn a value's address into
+        its offset in the file (which holds across mounts) and back; None if not found."""
 
     def close(self) -> None:
         self.env.sync(True)
@@ -145,16 +167,33 @@ class BlockStore:
                     corrupt.append(key)
         return found, corrupt
 
-    def read_run(self, file_id: int, version: int, first: int, count: int) -> bytes | None:
+    def read_run_located(self, file_id: int, version: int, first: int, count: int
+                         ) -> tuple[bytes, list[int]] | None:
+        """``read_run``, and where each block's value lies in the map (``read_run_resident``
+        needs that; the index does not read it, see ``index``)."""
+        with self.env.begin(db=self._blocks, buffers=True) as txn:
+            values = _walk_run(txn, file_id, version, first, count)
+            data = None if values is None else _join_verified(values)
+            return None if data is None else (data, list(map(buffer_address, values)))
+
+    def read_run(self, file_id: int, version: int, first: int, count: int,
+                 addresses: list[int] | None = None) -> bytes | None:
         """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
         or None unless every one of them is stored and intact (``get_many`` then sorts out which).
 
         One read transaction and one cursor walk over the neighbouring keys, the values taken as
         views of LMDB's map and copied once, by the join: per block this costs a fraction of a
-        ``get`` and a ``bytes`` copy (``python -m bench.read_path_costs``).
+        ``get`` and a ``bytes`` copy (``python -m bench.read_path_costs``). ``addresses``,
+        where the values lie if known, are handed to the kernel first if any of their pages is
+        not in RAM (``will_need``): the map is read without readahead, so a walk over pages on
+        disk would fault them in one at a time (sequential 16 KiB reads of a warm spoke whose
+        cache file is on disk: 33 -> 346 MB/s, ``bench.throughput --quick``). Called from one
+        thread at a time (the cache's reader thread), which ``_thread_probe`` is for.
         """
         if count <= 0:
             return b""
+        if addresses and not self._thread_probe.all_resident(addresses, VALUE_BYTES):
+            will_need(addresses, VALUE_BYTES)
         with self.env.begin(db=self._blocks, buffers=True) as txn:
             values = _walk_run(txn, file_id, version, first, count)
             return None if values is None else _join_verified(values)
@@ -164,8 +203,8 @@ class BlockStore:
         """``read_run``, but only if no page of the run's values needs the disk; else None.
 
         For the event loop, which must never wait for the disk. ``addresses`` are where the
-        run's values were when they were last written or indexed (``write_batch``,
-        ``index``); their pages are checked with ``probe`` (``mincore``) before the walk,
+        run's values were when they were last written or read in a thread (``write_batch``,
+        ``read_run_located``); their pages are checked with ``probe`` (``mincore``) before the walk,
         because py-lmdb touches every page of a value inside the cursor step that finds it
         (its ``preload``, done with the GIL released so that other threads run meanwhile).
         A stale address can only make the check look at the wrong pages: the bytes still come
@@ -183,9 +222,13 @@ class BlockStore:
         return self.read_run(file_id, version, first, count)
 
     def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey | KeyTuple],
-                    stamps: dict[BlockKey | KeyTuple, int]) -> dict[BlockKey, int]:
+                    stamps: dict[BlockKey | KeyTuple, tuple[int, int, int | None]]
+                    ) -> dict[BlockKey, int]:
         """Apply one batch in one write transaction (all or nothing); returns where in the map
-        each put value now lies (see ``read_run_resident``)."""
+        each put value now lies (see ``read_run_resident``). ``stamps`` maps a key to its
+        last-use stamp, its block's size and its value's address if known (a put's is known
+        only after its batch: it is recorded with the key's next stamp row). A key's stamp row
+        must be written with or after its block, so every row stands for a stored block."""
         with self.env.begin(write=True) as txn:
             for key, data in puts.items():
                 txn.put(_KEY.pack(*key), block_checksum(data) + data, db=self._blocks)
@@ -193,8 +236,10 @@ class BlockStore:
                 packed = _KEY.pack(*key)
                 txn.delete(packed, db=self._blocks)
                 txn.delete(packed, db=self._stamps)
-            for key, stamp in stamps.items():
-                txn.put(_KEY.pack(*key), _STAMP.pack(stamp), db=self._stamps)
+            base = self._map_base
+            for key, (stamp, size, address) in stamps.items():
+                offset = 0 if address is None or base is None else address - base
+                txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, offset), db=self._stamps)
         addresses = {}
         # A write transaction holds its pages in its own memory; after the commit they are
         # in the map, where readers find them (pages just written: in the page cache).
@@ -206,19 +251,24 @@ class BlockStore:
         return addresses
 
     def index(self) -> list[IndexEntry]:
-        """Every cached block with its size, last-use stamp and value address, least recently
-        used first."""
+        """Every cached block with its size, last-use stamp and value address (where its row
+        records one), least recently used first.
+
+        Read from the stamp table alone. Stepping a cursor over the blocks themselves makes
+        LMDB read the first page of every value: a mount read its whole cache file (a 256 MiB
+        cache: 544 MB paged in and 8.3 s, ``python -m bench.mount_index``). A row from an
+        older cache holds only the stamp: its block counts as a whole one, its place unknown.
+        """
+        base = self._map_base
+        end = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
         entries: list[IndexEntry] = []
-        with self.env.begin(buffers=True) as txn:
-            stamps = txn.cursor(db=self._stamps)
-            for raw_key, raw_value in txn.cursor(db=self._blocks):
-                key = bytes(raw_key)
-                stamp_raw = stamps.get(key)
-                stamp = _STAMP.unpack(stamp_raw)[0] if stamp_raw is not None else 0
-                # A damaged value may be shorter than its checksum; it is caught on read, and
-                # must not count as negative bytes until then.
-                size = max(0, len(raw_value) - CHECKSUM_BYTES)
-                entries.append(IndexEntry(_KEY.unpack(key), size, stamp,
-                                          buffer_address(raw_value)))
+        with self.env.begin(db=self._stamps, buffers=True) as txn:
+            for raw_key, raw in txn.cursor():
+                if len(raw) == _STAMP_ROW.size:
+                    stamp, size, offset = _STAMP_ROW.unpack(raw)
+                else:
+                    (stamp,), size, offset = _STAMP.unpack(raw), BLOCK_SIZE, 0
+                address = base + offset if base is not None and 0 < offset < end else None
+                entries.append(IndexEntry(_KEY.unpack(raw_key), size, stamp, address))
         entries.sort(key=lambda e: e.stamp)
         return entries

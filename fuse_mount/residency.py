@@ -5,14 +5,15 @@ that is if every page under it is in the page cache. ``mincore`` answers that fo
 file without touching the pages (for a file the caller may write, as the daemon may its own
 cache file: the kernel hides other files' page cache from it). Addresses of read-only
 buffers, such as LMDB's views, are taken through the buffer protocol (``ctypes`` maps only
-writable ones); at about a microsecond each, that is done when blocks are indexed or
-written, not on every read.
+writable ones); at about a microsecond each, that is done when blocks are written or read
+in the reader thread, not on every read.
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 
 PAGE_SIZE = mmap.PAGESIZE
 _PAGE_MASK = ~(PAGE_SIZE - 1)
@@ -50,6 +51,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _mincore = _libc.mincore
 _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 _mincore.restype = ctypes.c_int
+_madvise = _libc.madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_madvise.restype = ctypes.c_int
 
 
 def buffer_address(buffer: object) -> int:
@@ -101,3 +105,35 @@ class ResidencyProbe:
         if pages > MAX_CHECK_PAGES or _mincore(start, end - start, self._vector) != 0:
             return False  # too long to ask about, or e.g. ENOMEM (unmapped): do not guess
         return ctypes.string_at(self._vector, pages).translate(_LOW_BIT).find(0) < 0
+
+
+def will_need(addresses: list[int], length: int) -> None:
+    """Ask the kernel to start reading every page of ``[address, address + length)`` for each
+    address (``madvise(MADV_WILLNEED)``), so that a run's pages come from the disk together
+    rather than one fault at a time. Advice only: a failure is ignored."""
+    if not addresses:
+        return
+    low, high = min(addresses) & _PAGE_MASK, max(addresses) + length
+    if high - low <= len(addresses) * (length + PAGE_SIZE) + _MERGE_GAP_BYTES:
+        _madvise(low, high - low, mmap.MADV_WILLNEED)  # side by side, as a run is written
+        return
+    for address in addresses:
+        start = address & _PAGE_MASK
+        _madvise(start, address + length - start, mmap.MADV_WILLNEED)
+
+
+def file_resident_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes of a file in the page cache, asked through a mapping that touches nothing (the
+    benches and tests check what a mount reads of its cache file)."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    vector = ctypes.create_string_buffer(-(-size // PAGE_SIZE))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            if _mincore(buffer_address(view), size, vector) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+        finally:
+            view.release()
+    return sum(vector.raw.translate(_LOW_BIT)) * PAGE_SIZE

@@ -8,7 +8,8 @@ and lets tests drive it against a reference model without a disk.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Callable, Hashable, Iterable
+from types import MappingProxyType
+from typing import Callable, Hashable, Iterable, Mapping
 
 
 class LruPolicy:
@@ -22,6 +23,8 @@ class LruPolicy:
         self._sizes: OrderedDict[Hashable, int] = OrderedDict()  # oldest first
         self.holds: Callable[[Hashable], bool] = self._sizes.__contains__
         """``key in policy`` as a plain function, for callers that ask block by block."""
+        self.sizes: Mapping[Hashable, int] = MappingProxyType(self._sizes)
+        """Held keys and their sizes, read-only."""
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._sizes

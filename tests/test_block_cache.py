@@ -7,6 +7,7 @@ reopens; each step runs in its own ``trio.run`` with the cache object carried ac
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import struct
 import tempfile
@@ -24,9 +25,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.reader_thread import ReaderThread
+from fuse_mount.residency import file_resident_bytes
 from fuse_mount.block_store import BlockKey, BlockStore
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
+from tests.page_cache import evict
 
 CAPACITY = 6 * BLOCK_SIZE
 """Six full blocks: small enough that a few dozen steps evict, large enough to hold several."""
@@ -373,3 +376,30 @@ def test_the_reader_thread_returns_results_raises_errors_and_stops(tmp_path: Pat
     threads = threading.active_count()
     reader.close()
     assert threading.active_count() == threads - 1
+
+
+def test_opening_a_filled_cache_reads_no_block_from_disk(tmp_path: Path) -> None:
+    """The index comes from the stamp table alone: a mount over a large warm cache must not
+    read the cache file (stepping over the blocks read a page of every value)."""
+    keys = [BlockKey(1, 1, b) for b in range(2048)]  # 8 MiB of blocks, two pages each
+    capacity = 2 * len(keys) * BLOCK_SIZE
+    cache = open_cache(tmp_path, capacity)
+
+    async def fill() -> None:
+        for key in keys:
+            cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
+        cache.put(BlockKey(2, 1, 0), b"short")  # a file's last block: its size is kept too
+        await cache.flush()
+    run(fill)
+    cache.close()
+    data_file = tmp_path / "data.mdb"
+    evict(data_file)
+    if file_resident_bytes(data_file) > os.path.getsize(data_file) // 2:
+        pytest.skip("this filesystem keeps the file in the page cache")
+    cache = open_cache(tmp_path, capacity)
+    try:
+        assert len(cache.policy) == len(keys) + 1
+        assert cache.policy.used == len(keys) * BLOCK_SIZE + len(b"short")
+        assert file_resident_bytes(data_file) < 1024 * 1024  # of a 16 MiB file
+    finally:
+        cache.close()

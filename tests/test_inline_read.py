@@ -74,7 +74,7 @@ def test_an_evicted_page_of_a_file_mapping_is_not_resident(mapped_file) -> None:
 def _filled_store(path: Path, blocks: int) -> dict[BlockKey, bytes]:
     store = BlockStore(str(path), 4 * blocks * BLOCK_SIZE)
     data = {BlockKey(1, 1, b): os.urandom(BLOCK_SIZE) for b in range(blocks)}
-    store.write_batch(data, [], {})
+    store.write_batch(data, [], dict.fromkeys(data, (0, BLOCK_SIZE, None)))
     store.close()
     return data
 
@@ -86,17 +86,7 @@ def test_a_run_whose_pages_were_evicted_is_read_by_the_thread_then_inline(
     cache = BlockCache(BlockStore(str(tmp_path), 4 * blocks * BLOCK_SIZE),
                        4 * blocks * BLOCK_SIZE)
     keys = [BlockKey(1, 1, b) for b in range(first, first + count)]
-    addresses = [cache._addresses[k] for k in keys]
     expected = b"".join(data[k] for k in keys)
-    probe = ResidencyProbe()
-    for address in cache._addresses.values():  # out of this process's page tables, then RAM
-        start = address & ~(PAGE_SIZE - 1)
-        assert _libc.madvise(start, 2 * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
-    evict(tmp_path / "data.mdb")
-    if probe.all_resident(addresses, 1):
-        cache.close()
-        pytest.skip("this filesystem keeps the file in the page cache")
-    assert cache.store.read_run_resident(1, 1, first, count, addresses, probe) is None
 
     async def read() -> bytes | None:
         return await cache.read_run(1, 1, first, count)
@@ -104,13 +94,27 @@ def test_a_run_whose_pages_were_evicted_is_read_by_the_thread_then_inline(
     inline = metric(RUN_READS, {"path": "inline"})
     thread = metric(RUN_READS, {"path": "reader_thread"})
     try:
-        assert trio.run(read) == expected
+        # Indexed at mount without reading the values: a first read, in the thread, finds
+        # where they lie in the map.
+        assert not cache._addresses
+        assert trio.run(cache.read_run, 1, 1, 0, blocks) == b"".join(data.values())
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+        addresses = [cache._addresses[k] for k in keys]
+        probe = ResidencyProbe()
+        for address in cache._addresses.values():  # out of this process's page tables
+            start = address & ~(PAGE_SIZE - 1)
+            assert _libc.madvise(start, 2 * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
+        evict(tmp_path / "data.mdb")  # then out of RAM
+        if probe.all_resident(addresses, 1):
+            pytest.skip("this filesystem keeps the file in the page cache")
+        assert cache.store.read_run_resident(1, 1, first, count, addresses, probe) is None
+        assert trio.run(read) == expected
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 2
         assert metric(RUN_READS, {"path": "inline"}) == inline
         # The thread's read brought the pages back: the same run is now served on the loop.
         assert trio.run(read) == expected
         assert metric(RUN_READS, {"path": "inline"}) == inline + 1
-        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 2
     finally:
         cache.close()
 
@@ -158,12 +162,40 @@ def test_runs_past_the_inline_limit_and_missing_blocks_go_to_the_thread(
     probe = ResidencyProbe()
     try:
         # Not wholly stored: the resident read declines, like read_run.
-        known = [cache._addresses[BlockKey(1, 1, blocks - 1)]] * 2
+        located = cache.store.read_run_located(1, 1, blocks - 1, 1)
+        assert located is not None
+        known = located[1] * 2
         assert cache.store.read_run_resident(1, 1, blocks - 1, 2, known, probe) is None
         assert cache.store.read_run_resident(1, 1, 0, 0, [], probe) == b""
         thread = metric(RUN_READS, {"path": "reader_thread"})
         whole = trio.run(cache.read_run, 1, 1, 0, blocks)
         assert whole == b"".join(data[BlockKey(1, 1, b)] for b in range(blocks))
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+    finally:
+        cache.close()
+
+
+def test_where_blocks_lie_is_known_again_after_a_remount(tmp_path: Path) -> None:
+    """The stamp rows record where each value lies in the cache file, so a remount reads its
+    blocks inline at once without having read them (or their pages) to build its index."""
+    capacity = 16 * BLOCK_SIZE
+    keys = [BlockKey(1, 1, b) for b in range(4)]
+    blocks = {k: os.urandom(BLOCK_SIZE) for k in keys}
+    cache = BlockCache(BlockStore(str(tmp_path), capacity), capacity)
+
+    async def fill() -> None:
+        for k in keys:
+            cache.put(k, blocks[k])
+        await cache.flush()
+    trio.run(fill)
+    cache.close()
+    cache = BlockCache(BlockStore(str(tmp_path), capacity), capacity)
+    try:
+        located = cache.store.read_run_located(1, 1, 0, len(keys))
+        assert located is not None
+        assert [cache._addresses[k] for k in keys] == located[1]
+        inline = metric(RUN_READS, {"path": "inline"})
+        assert trio.run(cache.read_run, 1, 1, 0, len(keys)) == b"".join(blocks.values())
+        assert metric(RUN_READS, {"path": "inline"}) == inline + 1
     finally:
         cache.close()
