@@ -75,7 +75,8 @@ class BlockCache:
         self._addresses: dict[BlockKey | KeyTuple, int] = {}
         """Where each block's value lay in LMDB's map when it was last written or read in the
         reader thread, for the residency check of inline reads; forgotten at any later change
-        to the key. Not known for blocks only indexed at mount (see ``BlockStore.index``)."""
+        to the key. Known at mount for blocks whose stamp row records where they lie (see
+        ``BlockStore.index``); the others are learnt by their first read."""
         self.inline_max_blocks = INLINE_MAX_BLOCKS
         """Longest run ``read_run`` may serve on the event loop (0: always the reader thread)."""
         self._load_index()
@@ -188,8 +189,10 @@ class BlockCache:
                                                 addresses, self._probe)
         if data is not None:
             _INLINE_READS.inc()
-        elif unlocated and count <= self.inline_max_blocks:
-            # Learn where the values lie, so that the next read of them may go inline.
+        elif unlocated:
+            # Learn where the values lie (once per block and mount, ~1 us each), so that the
+            # next read of them may go inline or have its pages asked for at once, and so that
+            # their next stamp rows record it for the next mount.
             _THREAD_READS.inc()
             located = await self._reader.run(self.store.read_run_located, file_id, version,
                                              first, count)

@@ -171,6 +171,7 @@ def test_runs_past_the_inline_limit_and_missing_blocks_go_to_the_thread(
         whole = trio.run(cache.read_run, 1, 1, 0, blocks)
         assert whole == b"".join(data[BlockKey(1, 1, b)] for b in range(blocks))
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
+        assert len(cache._addresses) == blocks  # learnt, though the run was too long to inline
     finally:
         cache.close()
 
