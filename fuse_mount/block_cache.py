@@ -167,7 +167,8 @@ class BlockCache:
 
         The warm read's fast path: one LMDB transaction and bookkeeping in bulk, on the event
         loop itself if the run is short and every page of it is in RAM (``read_run_resident``),
-        else in one trip to the reader thread. None (often without leaving the loop) if the
+        else in one trip to the reader thread (which, for blocks whose place in the map is not
+        known yet, also notes where they lie). None (often without leaving the loop) if the
         run's first or last block is not held, a block of it waits in memory for the writer,
         or any block is missing or damaged on disk: ``get_many`` then serves what there is,
         block by block, and drops what is damaged.
@@ -202,7 +203,7 @@ class BlockCache:
         else:
             _THREAD_READS.inc()
             data = await self._reader.run(self.store.read_run, file_id, version, first, count,
-                                          None if unlocated else addresses)
+                                          addresses)
         if data is not None:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
             # meanwhile: keys name one version, and every checksum was verified.
