@@ -238,7 +238,9 @@ class BlockStore:
                 txn.delete(packed, db=self._stamps)
             base = self._map_base
             for key, (stamp, size, address) in stamps.items():
-                offset = 0 if address is None or base is None else address - base
+                offset = 0  # not known: the row still stands for the block
+                if address is not None and base is not None and address > base:
+                    offset = address - base
                 txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, offset), db=self._stamps)
         addresses = {}
         # A write transaction holds its pages in its own memory; after the commit they are
