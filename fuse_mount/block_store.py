@@ -92,12 +92,15 @@ def _map_base(data_file: str) -> int | None:
     or None if there is not exactly one."""
     path, inode = os.path.realpath(data_file), os.stat(data_file).st_ino
     starts = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            if (len(fields) == 6 and int(fields[2], 16) == 0 and int(fields[4]) == inode
-                    and fields[5].rstrip("\n") == path):
-                starts.append(int(fields[0].split("-")[0], 16))
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if (len(fields) == 6 and int(fields[2], 16) == 0 and int(fields[4]) == inode
+                        and fields[5].rstrip("\n") == path):
+                    starts.append(int(fields[0].split("-")[0], 16))
+    except OSError:  # no /proc: places are learnt by reads within each mount
+        return None
     return starts[0] if len(starts) == 1 else None
 
 
