@@ -79,25 +79,10 @@ class ResidencyProbe:
         """True if every page of ``[address, address + length)`` for every address is in RAM
         now, so touching them cannot wait for the disk. False if any is not, or if the kernel
         does not say (the caller then takes the path that may wait)."""
-        if not addresses:
-            return True
-        low, high = min(addresses), max(addresses) + length
-        # A run's values written together lie side by side in the map: then one call over
-        # the stretch from the first to the last answers for all of them.
-        if high - low <= len(addresses) * (length + PAGE_SIZE) + _MERGE_GAP_BYTES:
-            return self._span_resident(low & _PAGE_MASK, high)
-        run_start = run_end = -1
-        for start in sorted(addresses):
-            end = start + length
-            start &= _PAGE_MASK
-            if start <= run_end + _MERGE_GAP_BYTES:
-                if end > run_end:
-                    run_end = end
-                continue
-            if run_start >= 0 and not self._span_resident(run_start, run_end):
+        for start, end in _spans(addresses, length):
+            if not self._span_resident(start, end):
                 return False
-            run_start, run_end = start, end
-        return self._span_resident(run_start, run_end)
+        return True
 
     def _span_resident(self, start: int, end: int) -> bool:
         """``start`` page-aligned; every page of ``[start, end)`` resident?"""
@@ -110,16 +95,35 @@ class ResidencyProbe:
 def will_need(addresses: list[int], length: int) -> None:
     """Ask the kernel to start reading every page of ``[address, address + length)`` for each
     address (``madvise(MADV_WILLNEED)``), so that a run's pages come from the disk together
-    rather than one fault at a time. Advice only: a failure is ignored."""
+    rather than one fault at a time; over the same stretches ``all_resident`` checks. Advice
+    only: a failure is ignored."""
+    for start, end in _spans(addresses, length):
+        _madvise(start, end - start, mmap.MADV_WILLNEED)
+
+
+def _spans(addresses: list[int], length: int) -> list[tuple[int, int]]:
+    """Page-aligned stretches ``[start, end)`` covering ``[address, address + length)`` for
+    every address, as few as the gap rule allows: a run's values written together lie side by
+    side in the map, and then one stretch from the first to the last covers them all; else
+    values at most ``MERGE_GAP_PAGES`` apart share one."""
     if not addresses:
-        return
-    low, high = min(addresses) & _PAGE_MASK, max(addresses) + length
+        return []
+    low, high = min(addresses), max(addresses) + length
     if high - low <= len(addresses) * (length + PAGE_SIZE) + _MERGE_GAP_BYTES:
-        _madvise(low, high - low, mmap.MADV_WILLNEED)  # side by side, as a run is written
-        return
-    for address in addresses:
-        start = address & _PAGE_MASK
-        _madvise(start, address + length - start, mmap.MADV_WILLNEED)
+        return [(low & _PAGE_MASK, high)]
+    spans: list[tuple[int, int]] = []
+    run_start = run_end = -1
+    for start in sorted(addresses):
+        end = start + length
+        start &= _PAGE_MASK
+        if start <= run_end + _MERGE_GAP_BYTES:
+            run_end = max(run_end, end)
+            continue
+        if run_start >= 0:
+            spans.append((run_start, run_end))
+        run_start, run_end = start, end
+    spans.append((run_start, run_end))
+    return spans
 
 
 def file_resident_bytes(path: str | os.PathLike[str]) -> int:
