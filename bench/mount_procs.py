@@ -30,9 +30,10 @@ def exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def drop_page_cache(path: str) -> None:
+def drop_page_cache(path: str | os.PathLike[str]) -> None:
     """Evict ``path``'s pages from the kernel page cache (``posix_fadvise(DONTNEED)``), so the
-    next read of it comes from disk; it touches no other file, unlike ``drop_caches``."""
+    next read of it comes from disk; it touches no other file, unlike ``drop_caches``. Pages a
+    process has mapped stay."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)  # DONTNEED skips dirty pages: a freshly written file must reach disk first

@@ -22,6 +22,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from bench.mount_procs import drop_page_cache
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.reader_thread import ReaderThread
@@ -29,7 +30,6 @@ from fuse_mount.residency import file_resident_bytes
 from fuse_mount.block_store import BlockKey, BlockStore
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
-from tests.page_cache import evict
 
 CAPACITY = 6 * BLOCK_SIZE
 """Six full blocks: small enough that a few dozen steps evict, large enough to hold several."""
@@ -393,7 +393,7 @@ def test_opening_a_filled_cache_reads_no_block_from_disk(tmp_path: Path) -> None
     run(fill)
     cache.close()
     data_file = tmp_path / "data.mdb"
-    evict(data_file)
+    drop_page_cache(data_file)
     if file_resident_bytes(data_file) > os.path.getsize(data_file) // 2:
         pytest.skip("this filesystem keeps the file in the page cache")
     cache = open_cache(tmp_path, capacity)

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from bench.mount_procs import drop_page_cache
 from fabric import openat2
 from fabric.export import Confinement, Export, ExportError, WouldBlock, content_version
 from fabric.protocol import ErrorCode, MetaEntry
 from neuralcache.blocks import BLOCK_SIZE
-from tests.page_cache import evict
 
 FILES = {
     "a.txt": b"hello\n",
@@ -285,7 +285,7 @@ def test_a_nowait_read_serves_cached_pages_and_would_block_on_evicted_ones(tree:
     assert export.nowait_reads
     (tree / "dir/b.bin").read_bytes()
     assert export.read_blocks(e.file_id, e.version, 0, 4, nowait=True) == data
-    evict(tree / "dir/b.bin")
+    drop_page_cache(tree / "dir/b.bin")
     with pytest.raises(WouldBlock):
         export.read_blocks(e.file_id, e.version, 0, 4, nowait=True)
     assert export.read_blocks(e.file_id, e.version, 0, 4) == data
@@ -328,7 +328,7 @@ def test_a_nowait_read_returns_the_right_bytes_or_nothing(
         (root / "f").write_bytes(NOWAIT_FILE)
     export, entries = scanned(root, Confinement.OPENAT2)
     e = entries["f"]
-    evict(root / "f")
+    drop_page_cache(root / "f")
     fd = os.open(root / "f", os.O_RDONLY)
     try:
         os.pread(fd, cached_count * BLOCK_SIZE, cached_first * BLOCK_SIZE)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from bench.mount_procs import drop_page_cache
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.residency import PAGE_SIZE, ResidencyProbe, buffer_address
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
-from tests.page_cache import evict
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -58,7 +58,7 @@ def test_an_evicted_page_of_a_file_mapping_is_not_resident(mapped_file) -> None:
     page = [base + i * PAGE_SIZE for i in range(FILE_PAGES)]
     assert view[3 * PAGE_SIZE] >= 0 and view[9 * PAGE_SIZE] >= 0  # touch two pages
     mm.madvise(mmap.MADV_DONTNEED)  # unmap them from this process, so that
-    evict(path)  # the page cache may drop them
+    drop_page_cache(path)  # the page cache may drop them
     if probe.all_resident(page[3:4], PAGE_SIZE):
         pytest.skip("this filesystem keeps the file in the page cache")
     assert not probe.all_resident(page, PAGE_SIZE)
@@ -104,7 +104,7 @@ def test_a_run_whose_pages_were_evicted_is_read_by_the_thread_then_inline(
         for address in cache._addresses.values():  # out of this process's page tables
             start = address & ~(PAGE_SIZE - 1)
             assert _libc.madvise(start, 2 * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
-        evict(tmp_path / "data.mdb")  # then out of RAM
+        drop_page_cache(tmp_path / "data.mdb")  # then out of RAM
         if probe.all_resident(addresses, 1):
             pytest.skip("this filesystem keeps the file in the page cache")
         assert cache.store.read_run_resident(1, 1, first, count, addresses, probe) is None
