@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench import mount_procs
+from bench import mount_procs, proc_cpu
 from bench.read_pass import MB, RANDOM, READ_SIZE, SEQUENTIAL
 from bench.read_pass import run as run_pass
 from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, MIN_CACHE_SIZE, make_dataset,
@@ -48,8 +48,6 @@ class Usage:
 
     @classmethod
     def of(cls, pid: int) -> "Usage":
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
         voluntary = involuntary = 0
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
@@ -61,7 +59,7 @@ class Usage:
                         involuntary += int(value)
             except OSError:  # a thread that ended meanwhile
                 continue
-        return cls((int(fields[11]) + int(fields[12])) / ticks, voluntary, involuntary)
+        return cls(proc_cpu.cpu_seconds(pid), voluntary, involuntary)
 
     def __sub__(self, other: "Usage") -> "Usage":
         return Usage(self.cpu - other.cpu, self.voluntary - other.voluntary,

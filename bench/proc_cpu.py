@@ -33,6 +33,19 @@ def _stat(pid: int | str) -> list[str] | None:
         return None
 
 
+def _own_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds of every thread of the process whose ``_stat`` this is."""
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a live process has used (every thread)."""
+    fields = _stat(pid)
+    if fields is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return _own_seconds(fields)
+
+
 def _argv(pid: str) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -67,14 +80,14 @@ def snapshot(loader_pid: int | None = None) -> dict[str, float]:
         if fields is None:
             continue
         pid, ppid = int(name), int(fields[1])
-        if pid == loader_pid:
-            role, ticks = LOADER, sum(map(int, fields[11:15]))  # utime stime cutime cstime
+        if pid == loader_pid:  # with its reaped children's (cutime, cstime)
+            role, seconds = LOADER, sum(map(int, fields[11:15])) / _TICK
         elif ppid == loader_pid and role_of(_argv(name)) is None:
-            role, ticks = LOADER, int(fields[11]) + int(fields[12])
+            role, seconds = LOADER, _own_seconds(fields)
         else:
-            role, ticks = role_of(_argv(name)), int(fields[11]) + int(fields[12])
+            role, seconds = role_of(_argv(name)), _own_seconds(fields)
         if role is not None:
-            out[role] = out.get(role, 0.0) + ticks / _TICK
+            out[role] = out.get(role, 0.0) + seconds
     return out
 
 

@@ -32,6 +32,7 @@ def test_snapshot_counts_a_role_and_the_loaders_children_live_and_reaped() -> No
         while proc_cpu.used(before, proc_cpu.snapshot()).get(proc_cpu.FORWARDER, 0) < 0.25:
             assert time.monotonic() < deadline, "the forwarder's CPU never showed"
             time.sleep(0.05)
+        assert proc_cpu.cpu_seconds(forwarder.pid) >= 0.25  # one process, as bench.daemon_cpu
         cpu = proc_cpu.used(before, proc_cpu.snapshot())
         assert cpu[proc_cpu.LOADER] >= 0.25  # the reaped worker's 0.3 s
         assert proc_cpu.FORWARDER not in proc_cpu.used(before, before)
