@@ -25,9 +25,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from bench.mount_procs import drop_page_cache
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.reader_thread import ReaderThread
 from fuse_mount.residency import file_resident_bytes
-from fuse_mount.block_store import BlockKey, BlockStore
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 
