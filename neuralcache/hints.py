@@ -3,13 +3,16 @@
 Wire format of the control file ``MOUNT/.neuralcache/hints`` (write-only): a byte stream of
 records, each a 4-byte big-endian length followed by that many bytes of one msgpack map::
 
-    {"v": 1, "epoch": int, "source": str, "items": [[path, offset, length], ...]}
+    {"v": 1, "epoch": int, "source": str, "items": [[path, offset, length], ...], "exact": bool}
 
 ``path`` is relative to the mount root; ``source`` names the announcer (a rank) so several
 samplers' orders stay separate sequences; records with the same source and epoch append to one
-another in order, so one epoch may span many records and many writes. A record may be split
-across writes (the kernel cuts large writes), so the mount feeds every write of one open file to
-a ``HintDecoder``. Unknown keys are ignored, so later versions can add fields.
+another in order, so one epoch may span many records and many writes. ``exact`` (optional, false
+when absent) says the job reads these files only with read calls of the announced ranges, never
+through ``mmap``, so the mount may hand it exactly those reads, without the kernel's readahead.
+A record may be split across writes (the kernel cuts large writes), so the mount feeds every
+write of one open file to a ``HintDecoder``. Unknown keys are ignored, so later versions can add
+fields.
 
 ``announce`` is the client helper; ``HintedSampler`` wraps a PyTorch sampler (torch is never
 imported here: the DataLoader accepts any iterable with ``__len__`` as a sampler).
@@ -38,6 +41,11 @@ MAX_RECORD_BYTES = 16 * 1024 * 1024
 ITEMS_PER_RECORD = 65536
 """``encode_hints`` splits longer orders into records of at most this many items (~4 MB)."""
 
+HEAD_ITEMS = 1024
+"""``HintedSampler`` announces this many of an epoch's first items before it yields an index.
+They cover the DataLoader's first requests (8 workers x prefetch factor 4 x batch 24 = 768
+samples), so the mount knows the files and the first reads before any worker opens a file."""
+
 Item = tuple[str, int, int]
 
 
@@ -52,26 +60,28 @@ class HintRecord:
     epoch: int
     items: tuple[Item, ...]
     source: str = ""
+    exact: bool = False  # read only with read calls of these ranges, never mapped
 
 
 def _pack(record: HintRecord) -> bytes:
     body = msgpack.packb({"v": HINTS_VERSION, "epoch": record.epoch, "source": record.source,
-                          "items": [list(item) for item in record.items]}, use_bin_type=True)
+                          "items": [list(item) for item in record.items],
+                          "exact": record.exact}, use_bin_type=True)
     return _LENGTH.pack(len(body)) + body
 
 
 def encode_hints(items: Iterable[Item], epoch: int, source: str = "",
-                 items_per_record: int = ITEMS_PER_RECORD) -> bytes:
+                 items_per_record: int = ITEMS_PER_RECORD, exact: bool = False) -> bytes:
     """Encode an epoch's read order as one or more length-prefixed records."""
     chunk: list[Item] = []
     out = bytearray()
     for path, offset, length in items:
         chunk.append((str(path), int(offset), int(length)))
         if len(chunk) >= items_per_record:
-            out += _pack(HintRecord(epoch, tuple(chunk), source))
+            out += _pack(HintRecord(epoch, tuple(chunk), source, exact))
             chunk = []
     if chunk or not out:
-        out += _pack(HintRecord(epoch, tuple(chunk), source))
+        out += _pack(HintRecord(epoch, tuple(chunk), source, exact))
     return bytes(out)
 
 
@@ -83,8 +93,11 @@ def _parse(body: bytes) -> HintRecord:
     if not isinstance(msg, dict) or msg.get("v") != HINTS_VERSION:
         raise HintFormatError("expected a map with v=1")
     epoch, source, raw_items = msg.get("epoch"), msg.get("source", ""), msg.get("items")
+    exact = msg.get("exact", False)
     if not isinstance(epoch, int) or not isinstance(source, str) or not isinstance(raw_items, list):
         raise HintFormatError("epoch must be an int, source a str, items a list")
+    if not isinstance(exact, bool):
+        raise HintFormatError("exact must be a bool")
     items: list[Item] = []
     for item in raw_items:
         if (not isinstance(item, (list, tuple)) or len(item) != 3 or not isinstance(item[0], str)
@@ -92,7 +105,7 @@ def _parse(body: bytes) -> HintRecord:
                 or item[1] < 0 or item[2] <= 0):
             raise HintFormatError(f"bad item {item!r}: expected [path, offset>=0, length>0]")
         items.append((item[0], item[1], item[2]))
-    return HintRecord(epoch, tuple(items), source)
+    return HintRecord(epoch, tuple(items), source, exact)
 
 
 class HintDecoder:
@@ -143,12 +156,15 @@ def _relative(mountpoint: str, path: str) -> str:
     return path.replace(os.sep, "/")
 
 
-def announce(mountpoint: str, items: Iterable[Item], epoch: int = 0, source: str = "") -> int:
+def announce(mountpoint: str, items: Iterable[Item], epoch: int = 0, source: str = "",
+             exact: bool = False) -> int:
     """Tell the mount at ``mountpoint`` the upcoming reads, in order; returns bytes written.
 
-    Paths may be absolute (inside the mount) or relative to its root.
+    Paths may be absolute (inside the mount) or relative to its root. ``exact``: see the
+    module's docstring.
     """
-    data = encode_hints(((_relative(mountpoint, p), o, n) for p, o, n in items), epoch, source)
+    data = encode_hints(((_relative(mountpoint, p), o, n) for p, o, n in items), epoch, source,
+                        exact=exact)
     with open(os.path.join(mountpoint, CONTROL_FILE), "wb", buffering=0) as control:
         view = memoryview(data)
         while view:
@@ -162,21 +178,31 @@ class HintedSampler:
 
     ``index_to_ranges(i)`` maps a dataset index to the (path, offset, length) reads it causes.
     ``source`` separates announcers (defaults to the wrapped sampler's ``rank`` if it has one).
-    The announcement is made by a background thread (which calls ``index_to_ranges``), so the
-    epoch's first batch does not wait for it: an epoch of 32,768 samples is 1.3 MB of hints
-    that the mount decodes on its event loop, and it held the first batch of a warm
-    ``bench.repro`` run for 0.3-0.8 s. Epochs are announced in order (an epoch's thread waits
-    for the previous one's); ``wait_announced`` waits for the latest. A failed announcement
-    (not a NeuralCache mount) warns once and never stops training.
+    ``exact_reads=True`` says the dataset reads each range with one read call and never maps
+    the files (``mmap``, ``np.memmap``): the mount then opens them without kernel readahead,
+    which in a shuffled epoch fetches bytes past each sample (see docs/prefetcher.md). A file
+    opened this way cannot be mapped shared (the kernel answers ENODEV), hence opt-in.
+
+    The epoch's first ``head_items`` reads are announced before the first index is yielded, so
+    the mount knows the files before a worker opens one; the rest is announced by a background
+    thread (which calls ``index_to_ranges``), so the epoch's first batch does not wait for it:
+    an epoch of 32,768 samples is 1.3 MB of hints that the mount decodes on its event loop, and
+    it held the first batch of a warm ``bench.repro`` run for 0.3-0.8 s. Epochs are announced
+    in order (an epoch's head goes out with its tail when the previous tail is still being
+    written); ``wait_announced`` waits for the latest. A failed announcement (not a NeuralCache
+    mount) warns once and never stops training.
     """
 
     def __init__(self, sampler: Iterable[int], mountpoint: str,
                  index_to_ranges: Callable[[int], Sequence[Item]], source: str | None = None,
-                 announce_fn: Callable[..., Any] = announce) -> None:
+                 announce_fn: Callable[..., Any] = announce, exact_reads: bool = False,
+                 head_items: int = HEAD_ITEMS) -> None:
         self.sampler = sampler
         self.mountpoint = mountpoint
         self.index_to_ranges = index_to_ranges
         self.source = source if source is not None else str(getattr(sampler, "rank", ""))
+        self.exact_reads = exact_reads
+        self.head_items = head_items
         self.epoch = 0
         self._epoch_set = False
         self._announce = announce_fn
@@ -195,8 +221,14 @@ class HintedSampler:
 
     def __iter__(self) -> Iterator[int]:
         indices = list(iter(self.sampler))
+        previous = self._thread
+        head = 0
+        if previous is None or not previous.is_alive():
+            head = min(self.head_items, len(indices))
+            self._announce_part(indices[:head], self.epoch)
+            previous = None
         self._thread = threading.Thread(
-            target=self._announce_epoch, args=(indices, self.epoch, self._thread),
+            target=self._announce_rest, args=(indices[head:], self.epoch, previous, head > 0),
             name="neuralcache-hints", daemon=True)
         self._thread.start()
         if not self._epoch_set:
@@ -220,13 +252,18 @@ class HintedSampler:
         thread.join(timeout)
         return not thread.is_alive()
 
-    def _announce_epoch(self, indices: list[int], epoch: int,
-                        previous: threading.Thread | None) -> None:
+    def _announce_rest(self, indices: list[int], epoch: int,
+                       previous: threading.Thread | None, head_sent: bool) -> None:
         if previous is not None:
             previous.join()  # the mount appends records of one source in the order written
+        if indices or not head_sent:
+            self._announce_part(indices, epoch)
+
+    def _announce_part(self, indices: list[int], epoch: int) -> None:
         try:
             items = [r for i in indices for r in self.index_to_ranges(i)]
-            self._announce(self.mountpoint, items, epoch=epoch, source=self.source)
+            self._announce(self.mountpoint, items, epoch=epoch, source=self.source,
+                           exact=self.exact_reads)
         except Exception as exc:  # noqa: BLE001 - reported, and training goes on regardless
             if not self._warned:
                 self._warned = True

@@ -17,11 +17,12 @@ items_st = st.lists(st.tuples(st.text(min_size=1, max_size=20), st.integers(0, 2
 
 
 @settings(max_examples=50, deadline=None)
-@given(items_st, st.integers(0, 10**6), st.text(max_size=8), st.integers(1, 7))
-def test_encode_decode_round_trip(items, epoch, source, per_record):
-    records = decode_hints(encode_hints(items, epoch, source, items_per_record=per_record))
+@given(items_st, st.integers(0, 10**6), st.text(max_size=8), st.integers(1, 7), st.booleans())
+def test_encode_decode_round_trip(items, epoch, source, per_record, exact):
+    records = decode_hints(encode_hints(items, epoch, source, items_per_record=per_record,
+                                        exact=exact))
     assert [i for r in records for i in r.items] == items
-    assert all(r.epoch == epoch and r.source == source for r in records)
+    assert all(r.epoch == epoch and r.source == source and r.exact == exact for r in records)
     assert len(records) == max(1, -(-len(items) // per_record))
 
 
@@ -68,7 +69,12 @@ def test_truncated_and_oversized_records_are_rejected():
 
 def test_unknown_keys_are_ignored_for_forward_compatibility():
     (record,) = decode_hints(_frame({"v": 1, "epoch": 2, "items": [["a", 0, 9]], "new": 1}))
-    assert record == HintRecord(2, (("a", 0, 9),), "")
+    assert record == HintRecord(2, (("a", 0, 9),), "") and not record.exact
+
+
+def test_exact_must_be_a_bool():
+    with pytest.raises(HintFormatError, match="exact"):
+        decode_hints(_frame({"v": 1, "epoch": 2, "items": [["a", 0, 9]], "exact": 1}))
 
 
 def test_announce_writes_relative_paths_to_the_control_file(tmp_path):
@@ -102,10 +108,11 @@ class _Sampler:
 
 
 def test_hinted_sampler_announces_each_epoch_then_yields_the_indices():
+    """Epochs no longer than the head go out whole, before the first index."""
     calls = []
     sampler = HintedSampler(_Sampler([3, 1, 2], rank=4), "/mnt",
                             lambda i: [(f"s/{i}", i * 10, 10)],
-                            announce_fn=lambda m, items, epoch, source: calls.append(
+                            announce_fn=lambda m, items, epoch, source, exact: calls.append(
                                 (m, items, epoch, source)))
     assert list(sampler) == [3, 1, 2] and len(sampler) == 3
     assert list(sampler) == [3, 1, 2]
@@ -125,24 +132,27 @@ def test_hinted_sampler_keeps_training_when_the_mount_is_not_neuralcache(tmp_pat
 
 
 def test_hinted_sampler_yields_before_its_announcement_is_written():
-    """The first batch of an epoch never waits for the hints: they go out in a thread."""
+    """Only the epoch's head is announced before the first index; the rest goes out in a
+    thread, so the first batch never waits for a long announcement."""
     release = threading.Event()
     calls = []
 
-    def slow_announce(mountpoint, items, epoch, source):
-        assert release.wait(timeout=10)
-        calls.append(epoch)
+    def slow_announce(mountpoint, items, epoch, source, exact):
+        if calls:  # the first epoch's head is written at once; everything after it blocks
+            assert release.wait(timeout=10)
+        calls.append((epoch, [offset for _, offset, _ in items], exact))
 
-    sampler = HintedSampler(_Sampler([5, 6]), "/mnt", lambda i: [("f", i, 1)],
-                            announce_fn=slow_announce)
-    assert next(iter(sampler)) == 5  # while the announcement is still blocked
-    assert list(sampler) == [5, 6]  # the next epoch's waits for the first one's
-    assert not sampler.wait_announced(timeout=0.05) and calls == []
+    sampler = HintedSampler(_Sampler([5, 6, 7]), "/mnt", lambda i: [("f", i, 1)],
+                            announce_fn=slow_announce, exact_reads=True, head_items=1)
+    assert next(iter(sampler)) == 5  # while the rest of the announcement is still blocked
+    assert calls == [(0, [5], True)]  # the head went out before the first index
+    assert list(sampler) == [5, 6, 7]  # the next epoch's (head too) waits for the first one's
+    assert not sampler.wait_announced(timeout=0.05) and len(calls) == 1
     clone = copy.deepcopy(sampler)  # while its thread runs (a checkpoint may copy a sampler)
     assert clone.epoch == sampler.epoch and clone.wait_announced()
     release.set()
     assert sampler.wait_announced(timeout=10)
-    assert calls == [0, 1]  # in epoch order
+    assert calls == [(0, [5], True), (0, [6, 7], True), (1, [5, 6, 7], True)]  # in order
 
 
 def test_hinted_sampler_with_a_torch_dataloader(tmp_path):

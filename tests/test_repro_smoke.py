@@ -91,7 +91,7 @@ def test_hinted_sampler_announces_the_shuffled_reads(shards: tuple[str, ShardLay
     root, layout = shards
     announced: list[tuple[str, int, int]] = []
 
-    def capture(mountpoint: str, items: list, epoch: int, source: str) -> int:
+    def capture(mountpoint: str, items: list, epoch: int, source: str, exact: bool) -> int:
         announced.extend(items)
         return 0
 
