@@ -15,12 +15,15 @@ import os
 from typing import NoReturn
 
 import pyfuse3
+import trio
 
 from fabric.protocol import MetaEntry
+from neuralcache.hints import HintRecord
 
 from . import metrics
 from .control import ControlFiles
 from .errors import fuse_handler
+from .exact_reads import ExactReadFiles
 from .fetcher import BlockFetcher
 from .namespace import Namespace, Node
 from .prefetch import PrefetchPump
@@ -40,8 +43,9 @@ class SpokeFilesystem(pyfuse3.Operations):
         self.namespace = namespace
         self.fetcher = fetcher
         self.pump = pump
-        self.control = ControlFiles(namespace.next_free_inode, pump.on_hints,
+        self.control = ControlFiles(namespace.next_free_inode, self._on_hints,
                                     namespace.uid, namespace.gid)
+        self.exact_reads = ExactReadFiles()
         self._handles: dict[int, MetaEntry] = {}
         self._next_fh = itertools.count(1)
 
@@ -55,6 +59,10 @@ class SpokeFilesystem(pyfuse3.Operations):
         if self.control.owns(inode):
             return self.control.attributes(inode)
         return self.namespace.attributes(self._node(inode))
+
+    def _on_hints(self, record: HintRecord) -> None:
+        self.exact_reads.note(trio.current_time(), record)
+        self.pump.on_hints(record)
 
     def _refuse_change(self, inode: int) -> NoReturn:
         """Nothing in the mount may be created, removed, renamed or changed."""
@@ -125,8 +133,12 @@ class SpokeFilesystem(pyfuse3.Operations):
         fh = next(self._next_fh)
         self._handles[fh] = node.entry
         # The snapshot pins each file's version for the mount's lifetime, so pages the kernel
-        # cached for this inode stay valid across opens.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+        # cached for this inode stay valid across opens. Direct I/O: the reads as the job made
+        # them, with no readahead (exact_reads.py).
+        direct = self.exact_reads.wants(trio.current_time(), node.entry.path)
+        if direct:
+            metrics.EXACT_OPENS.inc()
+        return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=direct)
 
     @fuse_handler
     async def read(self, fh: int, off: int, size: int) -> bytes:

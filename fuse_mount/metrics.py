@@ -14,6 +14,9 @@ PATH_INLINE = "inline"
 PATH_THREAD = "reader_thread"
 
 READS = Counter("neuralcache_reads_total", "FUSE read requests served, by outcome.", ["outcome"])
+EXACT_OPENS = Counter(
+    "neuralcache_exact_opens_total",
+    "Files opened with direct I/O (no kernel readahead): a job's exact hints named them.")
 READ_BYTES = Counter(
     "neuralcache_read_bytes_total",
     "Bytes returned to readers, by where the blocks came from (cache, hub).", ["source"])

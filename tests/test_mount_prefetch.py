@@ -5,6 +5,7 @@ the filesystem (not the kernel) responsible for."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import random
 import time
@@ -159,6 +160,39 @@ def test_record_trace_holds_the_reads_that_happened(dataset, shard_hub: Hub, spo
     assert (trace.reads["t"] >= 0).all()
     ((_, hint),) = trace.hints
     assert (hint.epoch, hint.source, hint.items) == (2, "r1", ((rel, 0, 4096),))
+
+
+def test_exact_hints_open_files_without_readahead(dataset, shard_hub: Hub, spoke: Spoke) -> None:
+    """A file an exact record names is read as the job asks: no readahead, no page cache."""
+    _, files = dataset
+    sample = 16 * 1024
+    spoke.mount(shard_hub.address, "--no-prefetch")  # only the job's reads fetch anything
+
+    def read_bytes() -> float:
+        return sum(spoke.metric("neuralcache_read_bytes_total", source=source)
+                   for source in ("cache", "hub"))
+
+    fd = os.open(spoke.mountpoint / "shards/shard0.bin", os.O_RDONLY)
+    try:  # not named: the kernel reads ahead of a read at the start of a file
+        assert os.pread(fd, sample, 0) == files["shards/shard0.bin"][:sample]
+    finally:
+        os.close(fd)
+    assert read_bytes() > sample
+    before = read_bytes()
+
+    rel = "shards/shard1.bin"
+    announce(str(spoke.mountpoint), [(rel, 0, sample)], epoch=0, exact=True)
+    fd = os.open(spoke.mountpoint / rel, os.O_RDONLY)
+    try:
+        for _ in range(2):  # no page cache either: both reads reach the mount
+            assert os.pread(fd, sample, 0) == files[rel][:sample]
+        assert read_bytes() - before == 2 * sample
+        assert spoke.metric("neuralcache_exact_opens_total") == 1
+        with pytest.raises(OSError) as refused:  # the documented price: no shared mapping
+            mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        assert refused.value.errno == errno.ENODEV
+    finally:
+        os.close(fd)
 
 
 def test_no_prefetch_issues_nothing(dataset, shard_hub: Hub, spoke: Spoke) -> None:
