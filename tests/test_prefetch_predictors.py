@@ -186,7 +186,7 @@ def test_a_predictor_measured_as_wrong_stops_being_fetched():
     assert p.stats().issued_blocks == before
 
 
-def _hinted_shuffle(n_files: int = 4, size: int = 1 << 20):
+def _hinted_shuffle(n_files: int = 4, size: int = 1 << 20, exact: bool = False):
     """A prefetcher told a shuffled epoch of 16 KiB samples before any read, the prefetches the
     announcement started (none arrived yet), and the order."""
     catalog = shards(n=n_files, size=size)
@@ -195,7 +195,7 @@ def _hinted_shuffle(n_files: int = 4, size: int = 1 << 20):
     cache = DictCache()
     p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False, epoch_replay=False), LINK)
     items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
-    first = p.on_hints(0.0, HintRecord(0, items, "rank0"))
+    first = p.on_hints(0.0, HintRecord(0, items, "rank0", exact))
     return p, cache, first, order
 
 
@@ -312,6 +312,24 @@ def test_hinted_window_reaches_far_enough_for_the_kernels_readahead_tails():
     fetched = sum(r.count for r in requests) // 4
     assert fetched > 0.9 * len(order)  # the rest of the epoch, not a few horizons of it
     assert len(requests) < fetched / 2  # without widening, about one request per sample
+
+
+def test_an_exact_epoch_is_fetched_a_few_horizons_ahead_of_the_job():
+    """Read without readahead, an epoch has no tails to reach for: its window stays a few
+    horizons deep, and every sample is still fetched before the job reads it."""
+    p, cache, first, order = _hinted_shuffle(n_files=16, size=4 << 20, exact=True)
+    fetched: set[tuple[int, int]] = set()
+    reqs = first
+    missed = 0
+    for k, (f, b) in enumerate(order[:300]):
+        while reqs:  # every prefetch arrives at once
+            fetched.update(blocks_of(reqs))
+            cache.fill(reqs)
+            reqs = [m for r in reqs for m in p.on_prefetch_complete(0.01 * k, r)]
+        missed += not cache.contains(f, b)
+        reqs = _read(p, cache, 0.01 * k, 1, f, b)
+    assert missed == 0
+    assert 300 < len(fetched) // 4 < 0.25 * len(order)  # ahead of the job, not the whole epoch
 
 
 SRC = ["stride", "ngram", "hinted"]

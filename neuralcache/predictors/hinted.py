@@ -39,7 +39,10 @@ FUSE read, samples that sit anywhere in the rest of a shuffled epoch: a window o
 horizons (~30 MB) left 96 of a full-size run's 108 MB of demand misses in such readahead tails
 beyond the window, each holding up the read it came with for a round trip
 (docs/prefetcher.md). Well inside the planner's ``UNUSED_TTL_S``, so what it fetches stays
-protected until read."""
+protected until read. An exact epoch (``HintRecord.exact``: the mount opens its files without
+readahead) has no such tails, so its window reaches only the guessed depth: fetching the rest of
+the epoch at the link's full rate competed for the CPU with a warm job reading from the cache
+(a warm full-size run took 1.12x hub-local's time instead of 1.03x; docs/prefetcher.md)."""
 
 MATCH_WINDOW_ITEMS = 8192
 """A read this many items past the low-water mark still belongs to the current epoch when it
@@ -90,10 +93,11 @@ class _Epoch:
 
     __slots__ = ("epoch", "_files", "_firsts", "_stops", "cum", "keys", "order", "dirty",
                  "read", "_read_view", "low", "stalled", "issued", "issued_offset", "registered",
-                 "reach")
+                 "reach", "exact")
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, exact: bool = False) -> None:
         self.epoch = epoch
+        self.exact = exact  # read without kernel readahead: no tails past the items
         self._files: list[int] = []
         self._firsts: list[int] = []
         self._stops: list[int] = []
@@ -253,10 +257,10 @@ class HintSequence:
         16 KiB sample of a whole-epoch guess into a 256 KiB request of samples read at any time."""
         return HINT_DEPTH_FACTOR * self.ctx.depth_bytes(self.rate(now))
 
-    def fetch_depth(self, now: float) -> int:
+    def fetch_depth(self, now: float, epoch: _Epoch) -> int:
         """Bytes of unread items past the low-water mark that may be fetched (HINT_REACH_S)."""
         rate, guessed = self.rate(now), self.guess_depth(now)
-        if rate <= 0:
+        if rate <= 0 or epoch.exact:
             return guessed
         room = int(NEAR_SHARE_OF_CACHE * self.ctx.cache.capacity_bytes())
         return max(guessed, min(int(rate * HINT_REACH_S), room))
@@ -301,7 +305,7 @@ class HintSequence:
         if not self.epochs:
             return None
         epoch = self.epochs[0]
-        epoch.reach = self._end(epoch, self.fetch_depth(now))
+        epoch.reach = self._end(epoch, self.fetch_depth(now, epoch))
         if epoch.issued >= epoch.reach:
             return None
         ahead = (epoch.cum[epoch.issued] - epoch.cum[min(epoch.low, len(epoch))]) * BLOCK_SIZE
@@ -368,7 +372,7 @@ class HintedPredictor:
             seq = self.sequences[record.source] = HintSequence(self.ctx, record.source)
         starts_epoch = not seq.epochs or seq.epochs[-1].epoch != record.epoch
         if starts_epoch:
-            seq.epochs.append(_Epoch(record.epoch))
+            seq.epochs.append(_Epoch(record.epoch, record.exact))
         epoch = seq.epochs[-1]
         catalog = self.ctx.catalog
         ids: dict[str, int | None] = {}
