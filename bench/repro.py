@@ -220,9 +220,10 @@ class Repro:
                              self._hinted(mountpoint) if hints else None, mount.metrics_port)
 
     def _hinted(self, mountpoint: str) -> Callable[[Iterable[int]], Iterable[int]]:
-        """Wraps the loader's sampler in ``HintedSampler``, announcing each epoch's reads."""
+        """Wraps the loader's sampler in ``HintedSampler``, announcing each epoch's reads (as
+        exact: the dataset reads each sample with one ``pread`` and never maps a shard)."""
         def wrap(sampler: Iterable[int]) -> Iterable[int]:
-            return HintedSampler(sampler, mountpoint, self.layout.ranges)
+            return HintedSampler(sampler, mountpoint, self.layout.ranges, exact_reads=True)
         return wrap
 
     def run_rclone(self, variant: str, repeat: int) -> None:
