@@ -80,7 +80,8 @@ class TraceEncoder:
     def hint(self, t: float, record: HintRecord) -> bytes:
         return self._packer.pack(["h", t, {"v": HINTS_VERSION, "epoch": record.epoch,
                                            "source": record.source,
-                                           "items": [list(i) for i in record.items]}])
+                                           "items": [list(i) for i in record.items],
+                                           "exact": record.exact}])
 
 
 class TraceWriter:
@@ -144,7 +145,7 @@ def parse_trace(data: bytes) -> Trace:
             hint = value[2]
             trace.hints.append((value[1], HintRecord(
                 hint["epoch"], tuple((p, o, n) for p, o, n in hint["items"]),
-                hint.get("source", ""))))
+                hint.get("source", ""), bool(hint.get("exact", False)))))
         else:
             raise ValueError(f"unknown trace record kind {kind!r}")
     reads = np.array(rows, dtype=READ_DTYPE) if rows else np.empty(0, dtype=READ_DTYPE)

@@ -13,7 +13,8 @@ SMALL = 4 << 20
 def test_round_trip(tmp_path):
     reads = np.array([(0.0, 1, 7, 1, 0, 4096), (0.5, 2, 7, 2, 8192, 100)], dtype=READ_DTYPE)
     trace = Trace({1: ("a/x", 10_000), 2: ("a/y", 9000)}, reads,
-                  [(0.25, HintRecord(1, (("a/y", 8192, 100),), "r0"))], {"name": "t"})
+                  [(0.25, HintRecord(1, (("a/y", 8192, 100),), "r0")),
+                   (0.3, HintRecord(1, (("a/x", 0, 100),), "r1", exact=True))], {"name": "t"})
     path = str(tmp_path / "t.trace")
     write_trace(path, trace)
     back = read_trace(path)
