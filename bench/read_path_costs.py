@@ -7,7 +7,7 @@ writer does, then times in this one process, with the LMDB file in the page cach
 measured is CPU, as in the warm rows of ``bench.throughput``):
 
 - the round trip to a thread and back for a no-op: ``trio.to_thread.run_sync`` and the
-  cache's own ``ReaderThread`` (which every LMDB read of the cache goes through), left on any
+  cache's own ``JobThreads`` (which every LMDB read of the cache goes through), left on any
   CPU and, as the cache runs it, bound to the event loop's CPU;
 - ``BlockStore.get_many`` (a ``get`` and a copy per block) and ``BlockStore.read_run`` (one
   cursor walk, one join), called directly, for 256 blocks (one 1 MiB FUSE read) and 4 (16 KiB);
@@ -42,10 +42,10 @@ import trio
 import xxhash
 
 from fabric.checksum import block_checksum
+from fabric.job_threads import JobThreads
 from fabric.protocol import MetaEntry
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
 from fuse_mount.block_store import VALUE_BYTES, BlockKey, BlockStore
-from fuse_mount.reader_thread import ReaderThread
 from fuse_mount.residency import ResidencyProbe
 from fuse_mount.fetcher import BlockFetcher
 from neuralcache.blocks import BLOCK_SIZE
@@ -178,12 +178,12 @@ async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> lis
     def run_small(i: int) -> Awaitable[bytes | None]:
         return cache.read_run(FILE_ID, VERSION, small(i), SMALL_BLOCKS)
 
-    reader, unpinned = ReaderThread(), ReaderThread(follow_loop_cpu=False)
+    reader, unpinned = JobThreads(), JobThreads(follow_loop_cpu=False)
     rows = [_row("trio.to_thread.run_sync(no-op) round trip",
                  await _best_async(lambda i: trio.to_thread.run_sync(lambda: None), 2000), None),
-            _row("ReaderThread.run(no-op) round trip, thread on any CPU",
+            _row("JobThreads.run(no-op) round trip, thread on any CPU",
                  await _best_async(lambda i: unpinned.run(lambda: None), 2000), None),
-            _row("ReaderThread.run(no-op) round trip, on the loop's CPU",
+            _row("JobThreads.run(no-op) round trip, on the loop's CPU",
                  await _best_async(lambda i: reader.run(lambda: None), 2000), None),
             _row("BlockStore.get_many, 256 keys, direct",
                  _best(lambda i: store.get_many(keys(mib(i), MIB_BLOCKS)), 200), 1 << 20),

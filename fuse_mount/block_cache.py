@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterable
 import lmdb
 import trio
 
+from fabric.job_threads import JobThreads
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
 from .block_store import BlockKey, BlockStore, KeyTuple, run_keys
-from .reader_thread import ReaderThread
 from .residency import ResidencyProbe
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class BlockCache:
         self._write_lock = trio.Lock()
         self._on_dropped: Callable[[BlockKey], None] | None = None
         self._protected: Callable[[BlockKey], bool] | None = None
-        self._reader = ReaderThread()
+        self._reader = JobThreads()
         self._probe = ResidencyProbe()  # used on the event loop only
         self._addresses: dict[BlockKey | KeyTuple, int] = {}
         """Where each block's value lay in LMDB's map when it was last written or read in the

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from bench.mount_procs import drop_page_cache
+from fabric.job_threads import JobThreads
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
-from fuse_mount.reader_thread import ReaderThread
 from fuse_mount.residency import file_resident_bytes
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
@@ -362,7 +362,7 @@ async def _put_and_flush(cache: BlockCache, keys: list[BlockKey]) -> None:
 
 
 def test_the_reader_thread_returns_results_raises_errors_and_stops(tmp_path: Path) -> None:
-    reader = ReaderThread()
+    reader = JobThreads()
 
     def fail() -> None:
         raise ValueError("from the reader thread")

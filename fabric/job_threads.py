@@ -1,8 +1,10 @@
-"""The one thread that runs the spoke's LMDB reads that may wait for the disk, so the event
-loop never does (reads whose pages are in RAM the loop may do itself: ``BlockCache.read_run``).
+"""Long-lived threads that run blocking reads for a trio event loop, so the loop never waits
+on the disk: the spoke's LMDB reads (one thread: ``BlockCache.read_run``; reads whose pages are
+in RAM the loop may do itself) and the hub's reads of its export (a few threads, so several
+disk reads are in progress at once).
 
-One thread, not a pool: the GIL lets one thread run Python at a time anyway, and a warm read is
-mostly the hand-off, which ``ReaderThread`` keeps as cheap as it gets on Linux.
+A read of a few blocks is mostly the hand-off to a thread and back, which ``JobThreads`` keeps
+as cheap as it gets on Linux.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class ReaderThread:
-    """A long-lived thread that runs LMDB reads for the event loop, on the loop's CPU.
+class JobThreads:
+    """Long-lived threads, waiting on one queue, that run short blocking jobs for the loop.
 
     A warm FUSE read is a few microseconds of LMDB work, and the hand-off to a thread and back
     costs more than that. A thread already waiting on a queue and answering through the trio
@@ -38,22 +40,30 @@ class ReaderThread:
     same CPU is a context switch where one on another CPU is an inter-processor interrupt (on
     an idle VM, where each is a VM exit, that halves the round trip).
     ``python -m bench.read_path_costs`` measures all three (``follow_loop_cpu=False`` leaves the
-    thread wherever the scheduler puts it). The thread starts on first use and stops at
-    ``close``; calls may come from successive ``trio.run``s.
+    thread wherever the scheduler puts it); ``python -m bench.hub_cpu`` the hub's reads.
+    ``threads`` > 1 serve one queue, for jobs that wait on the disk in parallel; they are never
+    bound to the loop's CPU. The threads start on first use and stop at ``close``; calls may
+    come from successive ``trio.run``s.
     """
 
-    def __init__(self, *, follow_loop_cpu: bool = True) -> None:
+    def __init__(self, *, threads: int = 1, follow_loop_cpu: bool = True,
+                 name: str = "neuralcache-lmdb-reader") -> None:
+        if threads < 1 or (threads > 1 and follow_loop_cpu):
+            raise ValueError("one thread or more; only a single thread follows the loop's CPU")
         self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._count = threads
+        self._name = name
         self._follow = follow_loop_cpu
         self._cpu = -1  # the CPU the thread is bound to, -1 for none
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in the reader thread; not cancellable once queued (it is short)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="neuralcache-lmdb-reader",
-                                            daemon=True)
-            self._thread.start()
+        """``fn(*args)`` in one of the threads; not cancellable once queued (it is short)."""
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._serve, name=self._name, daemon=True)
+                             for _ in range(self._count)]
+            for thread in self._threads:
+                thread.start()
         if self._follow:
             self._follow_loop_cpu()
         self._jobs.put((fn, args, trio.lowlevel.current_task(),
@@ -65,18 +75,20 @@ class ReaderThread:
         cpu = _libc.sched_getcpu()
         if cpu == self._cpu or cpu < 0:
             return
-        assert self._thread is not None and self._thread.native_id is not None
+        native_id = self._threads[0].native_id
+        assert native_id is not None
         try:
-            os.sched_setaffinity(self._thread.native_id, {cpu})
+            os.sched_setaffinity(native_id, {cpu})
         except OSError:  # e.g. a cpuset that forbids it: the thread just runs anywhere
             return
         self._cpu = cpu
 
     def _serve(self) -> None:
         try:
-            # Sharing the loop's CPU, the thread must not preempt the loop when handed a job:
-            # it would only block on the GIL the loop still holds. As a batch thread it runs
-            # once the loop sleeps (bench.daemon_cpu: ~2 involuntary switches per read fewer).
+            # A thread handed a job must not preempt the loop (on its CPU, or on the other one
+            # where the loop's peers run): it would only block on the GIL the loop still holds.
+            # As a batch thread it runs once the loop sleeps (bench.daemon_cpu: ~2 involuntary
+            # switches per read fewer).
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         except OSError:
             pass  # not allowed here: the thread still works, with more switches
@@ -85,8 +97,9 @@ class ReaderThread:
             token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.capture(fn, *args))
 
     def close(self) -> None:
-        if self._thread is not None:
+        for _ in self._threads:
             self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
-            self._cpu = -1
+        for thread in self._threads:
+            thread.join()
+        self._threads = []
+        self._cpu = -1
