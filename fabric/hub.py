@@ -8,8 +8,8 @@ same name, so a spoke with eight connections gets no more than one with one). A 
 stops reading fills only its own outbox: its tasks wait there without holding a read slot,
 its reader stops taking requests at ``max_outstanding``, and no other spoke notices. A read
 whose every page is cached (and that is small) is served on the event loop, where it costs
-less than the hand-off to a thread would; any other read and its checksums run in a worker
-thread so the loop stays free.
+less than the hand-off to a thread would; any other read and its checksums run in one of
+``READ_SLOTS`` long-lived reader threads (``JobThreads``) so the loop stays free.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from neuralcache.blocks import BLOCK_SIZE
 
 from . import hub_metrics, metrics
 from .export import Export, ExportError, WouldBlock
+from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
                        MetaReply, MetaRequest, ProtocolError, ReadRequest, Welcome, encode)
@@ -46,7 +47,7 @@ INLINE_MAX_BLOCKS = 64
 """Largest read (256 KiB) tried on the event loop. Its copy out of the page cache and its
 checksums hold the loop some 70 us (a 16 KiB one 15 us); the 4 MiB prefetch chunks would hold
 it for over a millisecond, delaying every other connection's small reads, so they go to a
-worker thread, where the ~100 us hand-off is small beside their own cost."""
+reader thread, where the hand-off is small beside their own cost."""
 
 # Labelled children looked up once: ``labels()`` costs a few microseconds on every request.
 _READ_REQUESTS = hub_metrics.HUB_REQUESTS.labels("read")
@@ -114,6 +115,10 @@ class HubServer:
         self._max_outstanding = max_outstanding
         self._tcp_congestion = tcp_congestion
         self._gate = _FairGate(read_slots)
+        # One thread per read slot: a slot's read never waits for a thread. Long-lived, as a
+        # small read from the disk is mostly the hand-off (``python -m bench.hub_cpu``).
+        self._readers = JobThreads(threads=read_slots, follow_loop_cpu=False,
+                                   name="neuralcache-hub-reader")
         self._scan_lock = trio.Lock()
         self._spokes: dict[str, int] = {}  # spoke name -> open connections
 
@@ -121,8 +126,11 @@ class HubServer:
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve forever; ``task_status.started`` gets the bound listeners."""
         listeners = await trio.open_tcp_listeners(port, host=host)
-        task_status.started(listeners)
-        await trio.serve_listeners(self.handle_connection, listeners)
+        try:
+            task_status.started(listeners)
+            await trio.serve_listeners(self.handle_connection, listeners)
+        finally:
+            self._readers.close()
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         spoke: str | None = None
@@ -247,7 +255,7 @@ class HubServer:
             else:
                 _INLINE_READS.inc()
                 return result
-        result = await trio.to_thread.run_sync(self._read_and_sum, req)
+        result = await self._readers.run(self._read_and_sum, req)
         _THREAD_READS.inc()
         return result
 
