@@ -11,7 +11,6 @@ import os
 import shutil
 import struct
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,7 +22,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from bench.mount_procs import drop_page_cache
-from fabric.job_threads import JobThreads
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
@@ -359,23 +357,6 @@ async def _put_and_flush(cache: BlockCache, keys: list[BlockKey]) -> None:
     for key in keys:
         cache.put(key, block_bytes(key, 100, 0))
     await cache.flush()
-
-
-def test_the_reader_thread_returns_results_raises_errors_and_stops(tmp_path: Path) -> None:
-    reader = JobThreads()
-
-    def fail() -> None:
-        raise ValueError("from the reader thread")
-
-    async def main() -> None:
-        assert await reader.run(lambda a, b: a + b, 2, 3) == 5
-        with pytest.raises(ValueError, match="from the reader thread"):
-            await reader.run(fail)
-    run(main)
-    run(main)  # a later trio.run is served by the same thread
-    threads = threading.active_count()
-    reader.close()
-    assert threading.active_count() == threads - 1
 
 
 def test_opening_a_filled_cache_reads_no_block_from_disk(tmp_path: Path) -> None:
