@@ -45,6 +45,10 @@ NEAR_SHARE_OF_CACHE = 0.5
 UNUSED_TTL_S = 300.0
 """A prefetched block unread this long stops being protected and is counted as wasted."""
 
+MAX_PRESENT_RANGES = 4096
+"""Stretches ``take_present`` may hold between two calls (the mount takes them after each plan;
+a caller that never does keeps only the first ones)."""
+
 
 @dataclass
 class PrefetchStats:
@@ -80,16 +84,20 @@ class PrefetchStats:
 class Planner:
     """Budgets, in-flight bookkeeping and the issued/useful/late/wasted accounting."""
 
-    def __init__(self, cache: CacheView, ledger: Ledger, issue_ttl: dict[str, float]) -> None:
+    def __init__(self, cache: CacheView, ledger: Ledger, issue_ttl: dict[str, float],
+                 unhurried: frozenset[str] = frozenset()) -> None:
         self.cache = cache
         self.ledger = ledger
         self.issue_ttl = issue_ttl  # sources scored on what they fetch (not shadow-scored)
+        self.unhurried = unhurried  # sources whose windows span the working set (the fill)
         self.link: LinkEstimate | None = None
         self._queue = WindowQueue(ledger)
         self._requests: dict[int, PrefetchRequest] = {}
         self._inflight: dict[int, int] = {}  # block key -> request id
         self._inflight_bytes = 0
         self._known: dict[int, IntervalSet] = {}  # file -> blocks known cached or in flight
+        self._noted: dict[int, IntervalSet] = {}  # file -> blocks reported by take_present
+        self._present: list[tuple[int, int, int]] = []
         self._unused: dict[int, str] = {}  # block key -> source, arrived and not read
         self._unused_order: deque[tuple[float, int]] = deque()
         self._ids = itertools.count(1)
@@ -164,6 +172,25 @@ class Planner:
             queue.finish()  # windows taken from are re-peeked next time, even after an error
         return out
 
+    def note_present(self, file_id: int, first: int, stop: int, source: str) -> None:
+        """A window reaches blocks ``[first, stop)`` that are cached or in flight: report them
+        once (``take_present``), so the mount can have cached ones read into RAM from its disk
+        before the reader gets there. Not for ``unhurried`` sources: the fill's window is the
+        whole working set."""
+        if source in self.unhurried or len(self._present) >= MAX_PRESENT_RANGES:
+            return
+        noted = self._noted.get(file_id)
+        if noted is None:
+            noted = self._noted[file_id] = IntervalSet()
+        for a, b in noted.uncovered(first, stop):
+            self._present.append((file_id, a, b))
+        noted.add(first, stop)
+
+    def take_present(self) -> list[tuple[int, int, int]]:
+        """(file, first, stop) stretches near windows found present since the last call."""
+        present, self._present = self._present, []
+        return present
+
     def _known_in(self, file_id: int) -> IntervalSet:
         """The file's known-present set, created on first use (not one per call, as a
         ``setdefault`` default would be)."""
@@ -221,6 +248,7 @@ class Planner:
                 skip_to = known.next_uncovered(block)
                 if skip_to > block:
                     fresh = False
+                    self.note_present(file_id, block, min(skip_to, stop), source)
                 else:
                     # Cached blocks are remembered a stretch at a time (one insertion each):
                     # a fill walks whole files that are mostly cached already.
@@ -231,6 +259,7 @@ class Planner:
                         skip_to = block + 1
                     else:
                         known.add(block, skip_to)
+                        self.note_present(file_id, block, skip_to, source)
             else:
                 fresh = (run_start is not None and block - run_start < MAX_REQUEST_BLOCKS
                          and room_blocks > 0 and guessed_by(block_key(file_id, block), source)

@@ -57,7 +57,8 @@ class Prefetcher:
         self.ledger = Ledger(SOURCES)
         # Sources whose guesses mean "this read followed a pattern" (the fill's own do not).
         self._pattern_mask = sum(self.ledger.bit(s) for s in SOURCES if s not in (FILL, HEADS))
-        self.planner = Planner(cache, self.ledger, {FILL: FILL_TTL_S, HEADS: FILL_TTL_S})
+        self.planner = Planner(cache, self.ledger, {FILL: FILL_TTL_S, HEADS: FILL_TTL_S},
+                               unhurried=frozenset({FILL, HEADS}))
         self.ctx = Context(catalog, cache, self.ledger, self.planner)
         self.streams = StreamTable(catalog, self.config.max_streams)
         cfg = self.config
@@ -129,6 +130,11 @@ class Prefetcher:
     def complete(self, now: float, request: PrefetchRequest, ok: bool = True) -> None:
         """``on_prefetch_complete`` without the plan (see ``observe``)."""
         self.planner.on_complete(now, request, ok)
+
+    def take_present(self) -> list[tuple[int, int, int]]:
+        """(file, first block, stop) stretches of near windows that are cached or in flight,
+        each reported once: the mount asks its disk for the cached ones ahead of the reader."""
+        return self.planner.take_present()
 
     def on_evicted(self, file_id: int, first: int, count: int = 1) -> None:
         """The cache evicted blocks ``[first, first + count)`` of a file."""

@@ -420,3 +420,38 @@ def test_a_warm_epoch_is_walked_a_bounded_stretch_per_plan_and_nothing_is_fetche
         walked.append(epoch.issued - before)
     assert max(walked) <= MAX_SKIPPED_ITEMS + 1  # the item the read itself marked, at most
     assert epoch.issued >= epoch.reach > 1000  # the walk reached the far end of the window
+
+
+def _present_blocks(p: Prefetcher) -> list[tuple[int, int]]:
+    return [(f, b) for f, first, stop in p.take_present() for b in range(first, stop)]
+
+
+def test_near_windows_over_cached_blocks_report_them_once():
+    """A reader over a warm cache: nothing is fetched, and the cached blocks its window reaches
+    ahead are reported (once each) so the mount can have them read from its disk."""
+    catalog = shards(n=1, size=1024 * BLOCK_SIZE)
+    cache = DictCache()
+    cache.keys.update((1 << 40) | b for b in range(1024))
+    p = Prefetcher(catalog, cache, PrefetchConfig.stride_only(), LINK)
+    present: list[tuple[int, int]] = []
+    for k in range(100):  # 16 KiB every 10 ms: the pace is measured after a quarter second
+        assert _read(p, cache, k * 0.01, 1, 1, 4 * k) == []
+        present += _present_blocks(p)
+    assert len(present) == len(set(present))  # each block once
+    assert {b for _, b in present} >= set(range(400, 440))  # ahead of the reader at block 396
+    assert all(f == 1 for f, _ in present)
+
+
+def test_hinted_items_held_already_are_reported_present():
+    catalog = shards(n=4, size=1 << 20)
+    samples = [(f, b) for f in range(1, 5) for b in range(0, 256, 4)]
+    order = random.Random(5).sample(samples, len(samples))
+    cache = DictCache()
+    cache.keys.update((f << 40) | b for f, b0 in order[:100] for b in range(b0, b0 + 4))
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False, epoch_replay=False), LINK)
+    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
+    fetched = blocks_of(p.on_hints(0.0, HintRecord(0, items, "rank0")))
+    present = set(_present_blocks(p))
+    held = {(f, b) for f, b0 in order[:100] for b in range(b0, b0 + 4)}
+    assert held <= present and not held & fetched  # held: reported, not fetched
+    assert (order[100][0], order[100][1]) in fetched

@@ -21,7 +21,7 @@ import numpy as np
 
 from neuralcache.blocks import BLOCK_SIZE, KEY_SHIFT, block_span
 from neuralcache.hints import HintRecord
-from neuralcache.planner import NEAR_SHARE_OF_CACHE
+from neuralcache.planner import NEAR_SHARE_OF_CACHE, Planner
 from neuralcache.predictors.base import Context
 
 HINTED = "hinted"
@@ -315,11 +315,11 @@ class HintSequence:
         if not self.epochs:
             return None
         epoch = self.epochs[0]
-        unknown_runs = self.ctx.planner.unknown_runs
+        planner = self.ctx.planner
         skipped = 0
         while epoch.issued < epoch.reach and (
                 epoch.read[epoch.issued]
-                or (epoch.issued_offset == 0 and not unknown_runs(*epoch.item(epoch.issued)))):
+                or (epoch.issued_offset == 0 and self._held(planner, epoch.item(epoch.issued)))):
             epoch.issued, epoch.issued_offset = epoch.issued + 1, 0  # read or held: skip it
             skipped += 1
             if skipped >= MAX_SKIPPED_ITEMS:
@@ -336,6 +336,14 @@ class HintSequence:
         else:
             epoch.issued_offset = b - first
         return file_id, a, b, HINTED
+
+    @staticmethod
+    def _held(planner: Planner, item: tuple[int, int, int]) -> bool:
+        """Whether the item is cached or in flight already (then noted as present)."""
+        if planner.unknown_runs(*item):
+            return False
+        planner.note_present(*item, HINTED)
+        return True
 
     @staticmethod
     def _widen(epoch: _Epoch, file_id: int, a: int, b: int, max_blocks: int) -> int:
