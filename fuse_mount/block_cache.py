@@ -22,8 +22,8 @@ from fabric.job_threads import JobThreads
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
-from .block_store import BlockKey, BlockStore, KeyTuple, run_keys
-from .residency import ResidencyProbe
+from .block_store import VALUE_BYTES, BlockKey, BlockStore, KeyTuple, run_keys
+from .residency import ResidencyProbe, will_need
 
 log = logging.getLogger(__name__)
 
@@ -209,6 +209,22 @@ class BlockCache:
             # meanwhile: keys name one version, and every checksum was verified.
             self._touch(keys)
         return data
+
+    async def page_in(self, runs: Iterable[tuple[int, int, int, int]]) -> None:
+        """Have the kernel read the values of these runs ``(file, version, first, stop)`` from
+        the disk into RAM, so that their reads, when they come, are served on the event loop
+        (a warm read whose pages are on disk waits for them in the reader thread). Only blocks
+        whose place in the map is known; nothing if all of them are resident already. Advice:
+        the call returns once the reads are started (``madvise(MADV_WILLNEED)``, in the reader
+        thread, as starting them may wait for the disk's queue)."""
+        get = self._addresses.get
+        addresses = [a for file_id, version, first, stop in runs
+                     for key in run_keys(file_id, version, first, stop - first)
+                     if (a := get(key)) is not None]
+        if not addresses or self._probe.all_resident(addresses, VALUE_BYTES):
+            return
+        await self._reader.run(will_need, addresses, VALUE_BYTES)
+        metrics.CACHE_PAGE_IN_BLOCKS.inc(len(addresses))
 
     def _learn_addresses(self, keys: list[KeyTuple], addresses: list[int]) -> None:
         """Remember where a thread read found these values, for the ones nothing has changed

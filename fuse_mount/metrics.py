@@ -35,6 +35,10 @@ CACHE_RUN_READS = Counter(
 CACHE_USED_BYTES = Gauge("neuralcache_cache_used_bytes", "Block bytes held in the cache.")
 CACHE_CAPACITY_BYTES = Gauge("neuralcache_cache_capacity_bytes", "The cache's size limit.")
 CACHE_BLOCKS = Gauge("neuralcache_cache_blocks", "Blocks held in the cache.")
+CACHE_PAGE_IN_BLOCKS = Counter(
+    "neuralcache_cache_page_in_blocks_total",
+    "Cached blocks whose pages were asked from the disk ahead of their reads, because a "
+    "prefetch window reached them while not all were in RAM.")
 CACHE_EVICTIONS = Counter("neuralcache_cache_evictions_total", "Blocks evicted from the cache.")
 CACHE_CORRUPT_BLOCKS = Counter(
     "neuralcache_cache_corrupt_blocks_total",

@@ -130,6 +130,7 @@ class PrefetchPump:
                  measure_link: Callable[[], LinkEstimate | None] = lambda: None,
                  trace: TraceWriter | None = None) -> None:
         self._namespace = namespace
+        self._cache = cache
         self._fetcher = fetcher
         self._trace = trace
         self._default_link = link
@@ -254,6 +255,20 @@ class PrefetchPump:
         assert self._nursery is not None
         for request in requests:
             self._nursery.start_soon(self._fetch, request)
+        if self.prefetcher is not None:
+            present = self.prefetcher.take_present()
+            if present:
+                self._nursery.start_soon(self._page_in, present)
+
+    async def _page_in(self, present: list[tuple[int, int, int]]) -> None:
+        """Cached blocks a near window reaches: their pages come from the disk now, not when
+        the reader gets there (``BlockCache.page_in``)."""
+        runs = []
+        for file_id, first, stop in present:
+            entry = self._namespace.file(file_id)
+            if entry is not None:
+                runs.append((file_id, entry.version, first, stop))
+        await self._cache.page_in(runs)
 
     async def _fetch(self, request: PrefetchRequest) -> None:
         ok = False

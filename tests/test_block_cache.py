@@ -11,6 +11,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -382,5 +383,40 @@ def test_opening_a_filled_cache_reads_no_block_from_disk(tmp_path: Path) -> None
         assert len(cache.policy) == len(keys) + 1
         assert cache.policy.used == len(keys) * BLOCK_SIZE + len(b"short")
         assert file_resident_bytes(data_file) < 1024 * 1024  # of a 16 MiB file
+    finally:
+        cache.close()
+
+
+def test_page_in_reads_a_runs_values_into_ram_ahead_of_its_reads(tmp_path: Path) -> None:
+    keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
+    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+
+    async def fill() -> None:
+        for key in keys:
+            cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
+        await cache.flush()
+    run(fill)
+    cache.close()
+    data_file = tmp_path / "data.mdb"
+    drop_page_cache(data_file)
+    if file_resident_bytes(data_file) > 1024 * 1024:
+        pytest.skip("this filesystem keeps the file in the page cache")
+    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+    paged = metric("neuralcache_cache_page_in_blocks_total")
+    try:
+        run(cache.page_in, [(1, 1, 256, 768), (1, 2, 0, 10), (7, 1, 0, 10)])  # held, not held
+        assert metric("neuralcache_cache_page_in_blocks_total") == paged + 512
+        deadline = time.monotonic() + 10
+        while file_resident_bytes(data_file) < 512 * BLOCK_SIZE:  # the kernel reads them in
+            assert time.monotonic() < deadline, file_resident_bytes(data_file)
+            time.sleep(0.05)
+        run(cache.page_in, [(1, 1, 256, 768)])  # resident now: not asked again
+        assert metric("neuralcache_cache_page_in_blocks_total") == paged + 512
+
+        async def read() -> bytes | None:
+            return await cache.read_run(1, 1, 300, 32)
+        inline = metric("neuralcache_cache_run_reads_total", {"path": "inline"})
+        assert run(read) == b"".join(block_bytes(k, BLOCK_SIZE, 0) for k in keys[300:332])
+        assert metric("neuralcache_cache_run_reads_total", {"path": "inline"}) == inline + 1
     finally:
         cache.close()
