@@ -12,6 +12,7 @@ reader has already passed is never fetched - stale guesses drop out by construct
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -48,6 +49,10 @@ UNUSED_TTL_S = 300.0
 MAX_PRESENT_RANGES = 4096
 """Stretches ``take_present`` may hold between two calls (the mount takes them after each plan;
 a caller that never does keeps only the first ones)."""
+
+PRESENT_RENOTE_S = 30.0
+"""A stretch is reported present again once this long has passed: the kernel may have dropped
+its pages from RAM since (a dataset larger than RAM, read again next epoch)."""
 
 
 @dataclass
@@ -97,6 +102,7 @@ class Planner:
         self._inflight_bytes = 0
         self._known: dict[int, IntervalSet] = {}  # file -> blocks known cached or in flight
         self._noted: dict[int, IntervalSet] = {}  # file -> blocks reported by take_present
+        self._renote_at = -math.inf  # when _noted is next forgotten
         self._present: list[tuple[int, int, int]] = []
         self._unused: dict[int, str] = {}  # block key -> source, arrived and not read
         self._unused_order: deque[tuple[float, int]] = deque()
@@ -133,6 +139,9 @@ class Planner:
     def plan(self, now: float, horizon: float) -> list[PrefetchRequest]:
         """Issue the most urgent ranges across all windows until a budget runs out."""
         self._expire_unused(now)
+        if now >= self._renote_at:
+            self._noted.clear()
+            self._renote_at = now + PRESENT_RENOTE_S
         budget = self.inflight_budget() - self._inflight_bytes
         if budget < MIN_ISSUE_BYTES or not self._queue:
             return []
@@ -187,7 +196,8 @@ class Planner:
         noted.add(first, stop)
 
     def take_present(self) -> list[tuple[int, int, int]]:
-        """(file, first, stop) stretches near windows found present since the last call."""
+        """(file, first, stop) stretches windows found present since the last call, each
+        reported once per ``PRESENT_RENOTE_S``."""
         present, self._present = self._present, []
         return present
 

@@ -11,7 +11,7 @@ from neuralcache.catalog import Catalog
 from neuralcache.events import AccessEvent
 from neuralcache.ensemble import Ledger
 from neuralcache.hints import HintRecord
-from neuralcache.planner import MAX_REQUEST_BLOCKS
+from neuralcache.planner import MAX_REQUEST_BLOCKS, PRESENT_RENOTE_S
 from neuralcache.predictors.hinted import MAX_SKIPPED_ITEMS
 from neuralcache.prefetcher import PrefetchConfig, Prefetcher
 from tests.prefetch_helpers import LINK, DictCache, blocks_of, shards
@@ -455,3 +455,23 @@ def test_hinted_items_held_already_are_reported_present():
     held = {(f, b) for f, b0 in order[:100] for b in range(b0, b0 + 4)}
     assert held <= present and not held & fetched  # held: reported, not fetched
     assert (order[100][0], order[100][1]) in fetched
+
+
+def test_present_stretches_are_reported_again_after_a_while():
+    """The kernel may drop pages from RAM, so a later pass over the same blocks (the next
+    epoch) has them reported again, not only the first."""
+    catalog = shards(n=1, size=1024 * BLOCK_SIZE)
+    cache = DictCache()
+    cache.keys.update((1 << 40) | b for b in range(1024))
+    p = Prefetcher(catalog, cache, PrefetchConfig.stride_only(), LINK)
+
+    def one_pass(start: float, handle: int) -> set[tuple[int, int]]:
+        present: set[tuple[int, int]] = set()
+        for k in range(60):
+            _read(p, cache, start + k * 0.01, handle, 1, 4 * k)
+            present |= set(_present_blocks(p))
+        return present
+
+    first = one_pass(0.0, 1)
+    assert first and one_pass(1.0, 2) == set()  # soon after: all noted already
+    assert first & one_pass(1.0 + PRESENT_RENOTE_S, 3)  # later: reported afresh
