@@ -22,7 +22,6 @@ from bench.repro_procs import stop_process
 from fuse_mount.launch import Hub, Spoke, is_mounted, metric
 
 
-
 def exit_on_sigterm() -> None:
     """Make SIGTERM raise KeyboardInterrupt, so ``finally`` blocks unmount and stop processes."""
     def interrupt(signum: int, frame: object) -> None:

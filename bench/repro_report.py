@@ -123,8 +123,8 @@ def checks_table(found: list[Check]) -> str:
 def extrapolation_table(runs: Runs) -> str:
     """The one-time cold-start penalty (cold time minus hub-local time, same repeat) as a share
     of longer runs - extrapolated, as the reference's own figures are."""
-    head = ["cold scenario", "measured penalty (s)"] + [f"share of {h:,} batches"
-                                                      for h in EXTRAPOLATION_HORIZONS]
+    head = ["cold scenario", "measured penalty (s)"] + [
+        f"share of {h:,} batches" for h in EXTRAPOLATION_HORIZONS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in (SEQUENTIAL, SHUFFLED):
         reference = Scenario(variant, LOCAL).key

@@ -132,8 +132,8 @@ def checks(runs: Runs, link_rate_bps: float) -> list[Check]:
         return [h for h in found if h is not None]
 
     def link(target: str) -> list[float]:
-        found = (link_use(r, link_rate_bps) for r in runs.get(key(IO_BOUND, target, COLD),
-                                                               {}).values())
+        cold_runs = runs.get(key(IO_BOUND, target, COLD), {})
+        found = (link_use(r, link_rate_bps) for r in cold_runs.values())
         return [u for u in found if u is not None]
 
     out = [

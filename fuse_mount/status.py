@@ -10,7 +10,6 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 
 
-
 def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """A sample's value; 0 for a labelled sample not yet touched."""
     value = registry.get_sample_value(name, labels)

@@ -30,6 +30,7 @@ def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
         trio.run(main)
     return wrapper
 
+
 LOCALHOST = "127.0.0.1"
 
 

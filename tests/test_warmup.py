@@ -181,8 +181,8 @@ async def test_the_runner_fetches_the_plan_in_order_then_forgets_it(tmp_path: Pa
     async with trio.open_nursery() as nursery:
         await nursery.start(manager.run)
         accepted = await manager.submit(plan)
-        assert accepted["total_bytes"] == sum(FILES[p] for p in ("c", "a/one", "a/two",
-                                                                  "a/sub/three"))
+        assert accepted["total_bytes"] == sum(
+            FILES[p] for p in ("c", "a/one", "a/two", "a/sub/three"))
         await _until(lambda: manager.progress()["state"] != RUNNING)
         nursery.cancel_scope.cancel()
     assert fetcher.fetched == [tuple(c) for c in plan]

@@ -34,6 +34,7 @@ noise. Both must be rounded alike: an interval is never shorter than its packet'
 def _quantize(seconds: float) -> float:
     return round(seconds / TIME_RESOLUTION) * TIME_RESOLUTION
 
+
 SRTT_GAIN = 1 / 8
 """EWMA gain of the smoothed RTT (RFC 6298's alpha)."""
 

@@ -76,6 +76,7 @@ def headroom(min_rtt: float) -> float:
         return MIN_HEADROOM
     return min(MAX_HEADROOM, max(MIN_HEADROOM, ACK_TIMING_NOISE / min_rtt))
 
+
 def chunk_bytes(pacing_rate: float) -> int:
     """Size of the next prefetch chunk, in whole blocks: as small as the per-request cost
     allows. Small, because a chunk counts as delivered only once all its bytes have arrived,
