@@ -225,7 +225,8 @@ class HintedSampler:
         head = 0
         if previous is None or not previous.is_alive():
             head = min(self.head_items, len(indices))
-            self._announce_part(indices[:head], self.epoch)
+            if head:
+                self._announce_part(indices[:head], self.epoch)
             previous = None
         self._thread = threading.Thread(
             target=self._announce_rest, args=(indices[head:], self.epoch, previous, head > 0),
