@@ -52,6 +52,15 @@ def open_cache(path: Path | str, capacity: int = CAPACITY) -> BlockCache:
     return BlockCache(BlockStore(str(path), capacity), capacity)
 
 
+def fill(cache: BlockCache, keys: list[BlockKey]) -> None:
+    """Put a whole block for each key and wait until all are written."""
+    async def main() -> None:
+        for key in keys:
+            cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
+        await cache.flush()
+    run(main)
+
+
 class BlockCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -185,12 +194,12 @@ def test_blocks_persist_across_a_reopen_in_recency_order(tmp_path: Path) -> None
     keys = [BlockKey(1, 1, b) for b in range(4)]
     cache = open_cache(tmp_path)
 
-    async def fill() -> None:
+    async def fill_and_use_the_first() -> None:
         for k in keys:
             cache.put(k, block_bytes(k, BLOCK_SIZE, 0))
         await cache.get_many([keys[0]])  # now the most recently used
         await cache.flush()
-    run(fill)
+    run(fill_and_use_the_first)
     cache.close()
     cache = open_cache(tmp_path)
     assert list(cache.policy.oldest_first()) == keys[1:] + keys[:1]
@@ -201,12 +210,7 @@ def test_blocks_persist_across_a_reopen_in_recency_order(tmp_path: Path) -> None
 def test_reopen_with_a_smaller_capacity_keeps_the_most_recent(tmp_path: Path) -> None:
     keys = [BlockKey(1, 1, b) for b in range(4)]
     cache = open_cache(tmp_path)
-
-    async def fill() -> None:
-        for k in keys:
-            cache.put(k, block_bytes(k, BLOCK_SIZE, 0))
-        await cache.flush()
-    run(fill)
+    fill(cache, keys)
     cache.close()
     cache = open_cache(tmp_path, capacity=2 * BLOCK_SIZE)
     assert list(cache.policy.oldest_first()) == keys[2:]
@@ -255,12 +259,7 @@ def test_a_corrupted_stored_block_is_dropped_not_served(
         tmp_path: Path, damage: Callable[[bytes], bytes]) -> None:
     other = BlockKey(7, 3, 1)
     cache = open_cache(tmp_path)
-
-    async def fill() -> None:
-        cache.put(KEY, block_bytes(KEY, BLOCK_SIZE, 0))
-        cache.put(other, block_bytes(other, BLOCK_SIZE, 0))
-        await cache.flush()
-    run(fill)
+    fill(cache, [KEY, other])
     cache.close()
     _write_raw(tmp_path, KEY, damage)
 
@@ -366,13 +365,8 @@ def test_opening_a_filled_cache_reads_no_block_from_disk(tmp_path: Path) -> None
     keys = [BlockKey(1, 1, b) for b in range(2048)]  # 8 MiB of blocks, two pages each
     capacity = 2 * len(keys) * BLOCK_SIZE
     cache = open_cache(tmp_path, capacity)
-
-    async def fill() -> None:
-        for key in keys:
-            cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
-        cache.put(BlockKey(2, 1, 0), b"short")  # a file's last block: its size is kept too
-        await cache.flush()
-    run(fill)
+    cache.put(BlockKey(2, 1, 0), b"short")  # a file's last block: its size is kept too
+    fill(cache, keys)
     cache.close()
     data_file = tmp_path / "data.mdb"
     drop_page_cache(data_file)
@@ -390,12 +384,7 @@ def test_opening_a_filled_cache_reads_no_block_from_disk(tmp_path: Path) -> None
 def test_page_in_reads_a_runs_values_into_ram_ahead_of_its_reads(tmp_path: Path) -> None:
     keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
     cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
-
-    async def fill() -> None:
-        for key in keys:
-            cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
-        await cache.flush()
-    run(fill)
+    fill(cache, keys)
     cache.close()
     data_file = tmp_path / "data.mdb"
     drop_page_cache(data_file)
