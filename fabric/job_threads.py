@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
-    # The job is already queued and will answer; an LMDB read is short, so wait for it.
+    # The job is already queued and will answer; a read of a few blocks is short, so wait.
     return trio.lowlevel.Abort.FAILED
 
 
