@@ -9,8 +9,14 @@ import trio
 from fabric.job_threads import JobThreads
 
 
+def named(name: str) -> int:
+    """Live threads called ``name`` (counting all threads would race with trio's own, which
+    exit when idle)."""
+    return sum(1 for t in threading.enumerate() if t.name == name)
+
+
 def test_a_thread_returns_results_raises_errors_and_stops() -> None:
-    reader = JobThreads()
+    reader = JobThreads(name="test-one-thread")
 
     def fail() -> None:
         raise ValueError("from the reader thread")
@@ -21,13 +27,13 @@ def test_a_thread_returns_results_raises_errors_and_stops() -> None:
             await reader.run(fail)
     trio.run(main)
     trio.run(main)  # a later trio.run is served by the same thread
-    threads = threading.active_count()
+    assert named("test-one-thread") == 1
     reader.close()
-    assert threading.active_count() == threads - 1
+    assert named("test-one-thread") == 0
 
 
 def test_several_threads_run_their_jobs_at_once() -> None:
-    pool = JobThreads(threads=3, follow_loop_cpu=False)
+    pool = JobThreads(threads=3, follow_loop_cpu=False, name="test-pool")
     barrier = threading.Barrier(3, timeout=10)  # broken unless three jobs wait at once
 
     async def main() -> list[int]:
@@ -39,11 +45,10 @@ def test_several_threads_run_their_jobs_at_once() -> None:
             for k in range(3):
                 nursery.start_soon(one, k)
         return results
-    before = threading.active_count()
     assert sorted(trio.run(main)) == [0, 1, 2]
-    assert threading.active_count() == before + 3
+    assert named("test-pool") == 3
     pool.close()
-    assert threading.active_count() == before
+    assert named("test-pool") == 0
 
 
 def test_only_a_single_thread_follows_the_loops_cpu() -> None:
