@@ -261,7 +261,7 @@ class PrefetchPump:
                 self._nursery.start_soon(self._page_in, present)
 
     async def _page_in(self, present: list[tuple[int, int, int]]) -> None:
-        """Cached blocks a near window reaches: their pages come from the disk now, not when
+        """Cached blocks a window reaches: their pages come from the disk now, not when
         the reader gets there (``BlockCache.page_in``)."""
         runs = []
         for file_id, first, stop in present:

@@ -25,6 +25,11 @@ from neuralcache.streams import MAX_STREAMS, StreamTable
 
 SOURCES = [STRIDE, NEXTFILE, NGRAM, REPLAY, HINTED, HEADS, FILL]
 
+BACKGROUND = frozenset({FILL, HEADS})
+"""The working-set fill's sources: guesses over the whole working set, not a reader's next
+reads. Scored on what they fetch, not a sign that a read followed a pattern, and their windows'
+cached blocks are not paged in."""
+
 RATE_WINDOW_S = 0.5
 """The aggregate read rate (used by replay) is re-measured over windows of this length."""
 
@@ -56,9 +61,9 @@ class Prefetcher:
         self.config = config or PrefetchConfig()
         self.ledger = Ledger(SOURCES)
         # Sources whose guesses mean "this read followed a pattern" (the fill's own do not).
-        self._pattern_mask = sum(self.ledger.bit(s) for s in SOURCES if s not in (FILL, HEADS))
-        self.planner = Planner(cache, self.ledger, {FILL: FILL_TTL_S, HEADS: FILL_TTL_S},
-                               unhurried=frozenset({FILL, HEADS}))
+        self._pattern_mask = sum(self.ledger.bit(s) for s in SOURCES if s not in BACKGROUND)
+        self.planner = Planner(cache, self.ledger, dict.fromkeys(BACKGROUND, FILL_TTL_S),
+                               unhurried=BACKGROUND)
         self.ctx = Context(catalog, cache, self.ledger, self.planner)
         self.streams = StreamTable(catalog, self.config.max_streams)
         cfg = self.config
@@ -132,8 +137,9 @@ class Prefetcher:
         self.planner.on_complete(now, request, ok)
 
     def take_present(self) -> list[tuple[int, int, int]]:
-        """(file, first block, stop) stretches of near windows that are cached or in flight,
-        each reported once: the mount asks its disk for the cached ones ahead of the reader."""
+        """(file, first block, stop) stretches of windows that are cached or in flight, each
+        reported once per ``planner.PRESENT_RENOTE_S``: the mount asks its disk for the cached ones
+        ahead of the reader."""
         return self.planner.take_present()
 
     def on_evicted(self, file_id: int, first: int, count: int = 1) -> None:
