@@ -2,13 +2,22 @@
 
 Keys are ``(file id, version, block)`` packed big-endian, so one file version's blocks sit
 together in key order; a new version of a file has new keys, so its old blocks can never be
-served for it. Each value carries the block's checksum, checked again on every read, so a
+served for it. Each block is stored with its checksum, checked again on every read, so a
 damaged cache file costs a re-fetch, never wrong bytes.
+
+A block is kept in two tables under its key: the ``blocks`` table holds its checksum and its
+first ``HEAD_BYTES``, the ``tails`` table its last few bytes. LMDB stores a value larger than
+about half a page on overflow pages of its own behind a 16-byte header, so a whole 4 KiB block
+with its checksum took two 4 KiB pages, the second holding 24 bytes: the cache file was twice
+the data, and every block written or read from disk moved 8 KiB. The head fills exactly one
+page; the tails, 24 bytes each, share leaf pages like the stamp rows do.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import operator
 import os
 import struct
@@ -23,6 +32,8 @@ from neuralcache.blocks import BLOCK_SIZE, block_count
 
 from .residency import ResidencyProbe, buffer_address, will_need
 
+log = logging.getLogger(__name__)
+
 _KEY = struct.Struct(">QQQ")
 _STAMP = struct.Struct(">Q")
 """A last-use row as older caches wrote it: the stamp alone (the block's size not kept)."""
@@ -33,15 +44,26 @@ _CHECKSUM = struct.Struct(">Q")
 """A stored checksum as an int: ``block_checksum`` is xxh3-64 packed this way, and comparing
 ints saves a bytes object per block on the range read."""
 
-_BLOCK_PART = operator.itemgetter(slice(CHECKSUM_BYTES, None))  # a stored value's block
+_BLOCK_PART = operator.itemgetter(slice(CHECKSUM_BYTES, None))  # a head's block bytes
 _FIRST = operator.itemgetter(0)
 
-PAGES_PER_BLOCK = 2
-"""A 4 KiB block plus its checksum exceeds one 4 KiB LMDB page and lands on two overflow pages."""
-VALUE_BYTES = CHECKSUM_BYTES + BLOCK_SIZE
-"""A stored value: the checksum, then the block (the last block of a file may be shorter)."""
+OVERFLOW_PAGE = 4096
+"""The LMDB page an overflow value is laid out for (x86-64's page). A fixed part of the format,
+not the machine's: a cache file must read the same wherever it is opened."""
+OVERFLOW_HEADER = 16
+"""Bytes LMDB puts before an overflow value in its first page (``PAGEHDRSZ``)."""
+VALUE_BYTES = OVERFLOW_PAGE - OVERFLOW_HEADER
+"""A stored head: the checksum, then the block's first ``HEAD_BYTES``; what the map holds of a
+block where its address points (one page, for ``mincore`` and ``madvise``)."""
+HEAD_BYTES = VALUE_BYTES - CHECKSUM_BYTES
+"""Bytes of a block in its head; the rest (up to ``TAIL_BYTES``, none for a short last block)
+is its tail."""
+TAIL_BYTES = BLOCK_SIZE - HEAD_BYTES
+TABLE_BYTES_PER_BLOCK = 512
+"""Map room per block beyond its head page: its key in the blocks table's leaves, its tail and
+its stamp row (~50 bytes each on leaf pages at least half full), with room to spare."""
 MAP_SLACK = 64 * 1024 * 1024
-"""Room beyond the blocks for LMDB's branch pages, the stamp table and free-page bookkeeping."""
+"""Room beyond that for LMDB's branch pages and free-page bookkeeping."""
 
 
 class BlockKey(NamedTuple):
@@ -83,8 +105,8 @@ class IndexEntry(NamedTuple):
 
 def map_size_for(capacity: int) -> int:
     """LMDB map size that holds ``capacity`` bytes of blocks."""
-    blocks = block_count(capacity)
-    return blocks * PAGES_PER_BLOCK * os.sysconf("SC_PAGE_SIZE") + MAP_SLACK
+    page = max(os.sysconf("SC_PAGE_SIZE"), OVERFLOW_PAGE)  # LMDB's page is the machine's
+    return block_count(capacity) * (page + TABLE_BYTES_PER_BLOCK) + MAP_SLACK
 
 
 def _map_base(data_file: str) -> int | None:
@@ -104,11 +126,11 @@ def _map_base(data_file: str) -> int | None:
     return starts[0] if len(starts) == 1 else None
 
 
-def _walk_run(txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int
-              ) -> list[memoryview] | None:
-    """Views of the stored values of blocks ``[first, first + count)``, or None unless all of
-    them are stored. Valid only inside ``txn``."""
-    cursor = txn.cursor()
+def _walk_run(txn: lmdb.Transaction, db: lmdb._Database, file_id: int, version: int,
+              first: int, count: int) -> list[memoryview] | None:
+    """Views of the values in ``db`` (heads or tails) of blocks ``[first, first + count)``, or
+    None unless all of them are stored. Valid only inside ``txn``."""
+    cursor = txn.cursor(db)
     if not cursor.set_key(_KEY.pack(file_id, version, first)):
         return None
     values = list(itertools.islice(cursor.iternext(keys=False), count))
@@ -119,20 +141,37 @@ def _walk_run(txn: lmdb.Transaction, file_id: int, version: int, first: int, cou
     return values
 
 
-def _join_verified(values: list[memoryview]) -> bytes | None:
-    """The blocks of stored ``values`` joined, or None if any fails its checksum.
+def _join_verified(heads: list[memoryview], tails: list[memoryview]) -> bytes | None:
+    """The blocks of stored ``heads`` and ``tails`` joined, or None if any fails its checksum.
 
     Slices, hashes and stored checksums are produced by ``map`` over the run, in C: per block
-    a Python-level loop cost about as much as hashing the block itself.
+    a Python-level loop cost about as much as hashing the block itself. The run is joined
+    first, with each head's bytes followed by its tail's, and each block hashed where it lies
+    in the joined bytes: a run of whole blocks at every ``BLOCK_SIZE`` (if a damaged head or
+    tail shifted the bytes of one, they fail its checksum), else where the lengths say.
     """
-    parts = list(map(_BLOCK_PART, values))
     try:
-        stored = list(map(_FIRST, map(_CHECKSUM.unpack_from, values)))
-    except struct.error:  # a damaged value shorter than its checksum
+        stored = list(map(_FIRST, map(_CHECKSUM.unpack_from, heads)))
+    except struct.error:  # a damaged head shorter than its checksum
         return None
-    if list(map(xxhash.xxh3_64_intdigest, parts)) != stored:
-        return None
-    return b"".join(parts)
+    parts = list(map(_BLOCK_PART, heads))
+    joined = b"".join(itertools.chain.from_iterable(zip(parts, tails)))
+    if len(joined) == len(heads) * BLOCK_SIZE:
+        slices = _whole_block_slices(len(heads))
+    else:
+        ends = list(itertools.accumulate(map(operator.add, map(len, parts), map(len, tails))))
+        slices = list(map(slice, [0, *ends[:-1]], ends))
+    with memoryview(joined) as view:
+        if list(map(xxhash.xxh3_64_intdigest, map(view.__getitem__, slices))) != stored:
+            return None
+    return joined
+
+
+@functools.lru_cache(maxsize=512)
+def _whole_block_slices(count: int) -> list[slice]:
+    """Where each of ``count`` whole blocks lies in their joined bytes (a read's run is at most
+    a few hundred blocks long: one list per length, made once)."""
+    return [slice(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE) for i in range(count)]
 
 
 class BlockStore:
@@ -141,30 +180,59 @@ class BlockStore:
     def __init__(self, path: str, capacity: int) -> None:
         os.makedirs(path, exist_ok=True)
         # sync=False: a cache may lose its last batches on power loss; checksums catch damage.
-        self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=2, sync=False,
+        self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=3, sync=False,
                              metasync=False, readahead=False, max_readers=256)
         self._blocks = self.env.open_db(b"blocks")
         self._stamps = self.env.open_db(b"stamps")
+        self._tails = self.env.open_db(b"tails")
+        self._empty_if_old_format(path)
         self._thread_probe = ResidencyProbe()
         self._map_base = _map_base(os.path.join(path, "data.mdb"))
         """Where LMDB mapped the cache file in this process, to turn a value's address into
         its offset in the file (which holds across mounts) and back; None if not found."""
 
+    def _empty_if_old_format(self, path: str) -> None:
+        """Empty a cache written before blocks had tails (each block on two pages, see the
+        module docstring): its values do not read as heads. Every block is written with its
+        tail in one transaction, so blocks without a single tail are such a cache. Nothing is
+        lost but the blocks themselves, which are fetched again; the file keeps its size (LMDB
+        reuses the freed pages), so removing the cache directory is what gives the space back."""
+        with self.env.begin(write=True) as txn:
+            blocks = txn.stat(self._blocks)["entries"]
+            if not blocks or txn.stat(self._tails)["entries"]:
+                return
+            txn.drop(self._blocks, delete=False)
+            txn.drop(self._stamps, delete=False)
+        log.warning("the cache in %s was written by an older NeuralCache (two pages per "
+                    "block); emptied it (%d blocks), they will be fetched again", path, blocks)
+
     def close(self) -> None:
         self.env.sync(True)
         self.env.close()
+
+    def _walk(self, txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int
+              ) -> tuple[list[memoryview], list[memoryview]] | None:
+        """The heads and the tails of blocks ``[first, first + count)``, or None unless all of
+        them are stored. Valid only inside ``txn``."""
+        heads = _walk_run(txn, self._blocks, file_id, version, first, count)
+        if heads is None:
+            return None
+        tails = _walk_run(txn, self._tails, file_id, version, first, count)
+        return None if tails is None else (heads, tails)
 
     def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, bytes], list[BlockKey]]:
         """Blocks found (verified), and keys whose stored bytes failed their checksum."""
         found: dict[BlockKey, bytes] = {}
         corrupt: list[BlockKey] = []
-        with self.env.begin(db=self._blocks, buffers=True) as txn:
+        with self.env.begin(buffers=True) as txn:
             for key in keys:
-                raw = txn.get(key.pack())
-                if raw is None:
+                packed = key.pack()
+                head = txn.get(packed, db=self._blocks)
+                if head is None:
                     continue
-                data = bytes(raw[CHECKSUM_BYTES:])
-                if block_checksum(data) == bytes(raw[:CHECKSUM_BYTES]):
+                tail = txn.get(packed, db=self._tails)
+                data = bytes(head[CHECKSUM_BYTES:]) + (b"" if tail is None else bytes(tail))
+                if tail is not None and block_checksum(data) == bytes(head[:CHECKSUM_BYTES]):
                     found[key] = data
                 else:
                     corrupt.append(key)
@@ -174,36 +242,37 @@ class BlockStore:
                          ) -> tuple[bytes, list[int]] | None:
         """``read_run``, and where each block's value lies in the map (``read_run_resident``
         needs that; the index does not read it, see ``index``)."""
-        with self.env.begin(db=self._blocks, buffers=True) as txn:
-            values = _walk_run(txn, file_id, version, first, count)
-            data = None if values is None else _join_verified(values)
-            return None if data is None else (data, list(map(buffer_address, values)))
+        with self.env.begin(buffers=True) as txn:
+            walked = self._walk(txn, file_id, version, first, count)
+            data = None if walked is None else _join_verified(*walked)
+            return None if data is None else (data, list(map(buffer_address, walked[0])))
 
     def read_run(self, file_id: int, version: int, first: int, count: int,
                  addresses: list[int] | None = None) -> bytes | None:
         """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
         or None unless every one of them is stored and intact (``get_many`` then sorts out which).
 
-        One read transaction and one cursor walk over the neighbouring keys, the values taken as
-        views of LMDB's map and copied once, by the join: per block this costs a fraction of a
-        ``get`` and a ``bytes`` copy (``python -m bench.read_path_costs``). ``addresses``,
-        where the values lie if known, are handed to the kernel first if any of their pages is
-        not in RAM (``will_need``): the map is read without readahead, so a walk over pages on
-        disk would fault them in one at a time (sequential 16 KiB reads of a warm spoke whose
-        cache file is on disk: 33 -> 346 MB/s, ``bench.throughput --quick``). Called from one
-        thread at a time (the cache's reader thread), which ``_thread_probe`` is for.
+        One read transaction and a cursor walk over the neighbouring keys in each table (heads,
+        then tails), the values taken as views of LMDB's map and copied once, by the join: per
+        block this costs a fraction of a ``get`` and a ``bytes`` copy (``python -m
+        bench.read_path_costs``). ``addresses``, where the heads lie if known, are handed to the
+        kernel first if any of their pages is not in RAM (``will_need``): the map is read without
+        readahead, so a walk over pages on disk would fault them in one at a time (sequential
+        16 KiB reads of a warm spoke whose cache file is on disk: 33 -> 346 MB/s,
+        ``bench.throughput --quick``). Called from one thread at a time (the cache's reader
+        thread), which ``_thread_probe`` is for.
         """
         if count <= 0:
             return b""
         if addresses and not self._thread_probe.all_resident(addresses, VALUE_BYTES):
             will_need(addresses, VALUE_BYTES)
-        with self.env.begin(db=self._blocks, buffers=True) as txn:
-            values = _walk_run(txn, file_id, version, first, count)
-            return None if values is None else _join_verified(values)
+        with self.env.begin(buffers=True) as txn:
+            walked = self._walk(txn, file_id, version, first, count)
+            return None if walked is None else _join_verified(*walked)
 
     def read_run_resident(self, file_id: int, version: int, first: int, count: int,
                           addresses: list[int], probe: ResidencyProbe) -> bytes | None:
-        """``read_run``, but only if no page of the run's values needs the disk; else None.
+        """``read_run``, but only if no page of the run's heads needs the disk; else None.
 
         For the event loop, which must never wait for the disk. ``addresses`` are where the
         run's values were when they were last written or read in a thread (``write_batch``,
@@ -211,10 +280,10 @@ class BlockStore:
         because py-lmdb touches every page of a value inside the cursor step that finds it
         (its ``preload``, done with the GIL released so that other threads run meanwhile).
         A stale address can only make the check look at the wrong pages: the bytes still come
-        from the walk, checksum-verified. The walk also reads LMDB's branch and leaf pages;
-        they are a small part of the map (one leaf holds the keys of ~100 blocks), read in
-        full when the mount loads its index, descended by every lookup and every write batch,
-        so they stay in the page cache while the values they point to come and go. None also
+        from the walk, checksum-verified. The walk also reads LMDB's branch and leaf pages, the
+        tails' among them; they are a small part of the map (one leaf holds the keys or the
+        tails of ~60-100 blocks), descended by every lookup and every write batch, so they stay
+        in the page cache while the heads they point to come and go. None also
         for a run not wholly stored or damaged: the caller then takes the path that may wait,
         which sorts that out.
         """
@@ -234,10 +303,13 @@ class BlockStore:
         must be written with or after its block, so every row stands for a stored block."""
         with self.env.begin(write=True) as txn:
             for key, data in puts.items():
-                txn.put(_KEY.pack(*key), block_checksum(data) + data, db=self._blocks)
+                packed = _KEY.pack(*key)
+                txn.put(packed, block_checksum(data) + data[:HEAD_BYTES], db=self._blocks)
+                txn.put(packed, data[HEAD_BYTES:], db=self._tails)
             for key in deletes:
                 packed = _KEY.pack(*key)
                 txn.delete(packed, db=self._blocks)
+                txn.delete(packed, db=self._tails)
                 txn.delete(packed, db=self._stamps)
             base = self._map_base
             for key, (stamp, size, address) in stamps.items():

@@ -1,0 +1,85 @@
+"""``BlockStore``'s layout on disk: a block's head fills one LMDB page, its tail lies apart.
+
+Round trips through the cache (any size, evictions, reopening) are the state machine's in
+``test_block_cache``; these pin down what that cannot see: the pages a block takes, a tail
+damaged on disk, and a cache written in the old two-page layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from fabric.checksum import block_checksum
+from fuse_mount.block_store import HEAD_BYTES, VALUE_BYTES, BlockKey, BlockStore
+from neuralcache.blocks import BLOCK_SIZE
+from tests.test_block_cache import block_bytes
+
+BLOCKS = 256
+
+
+def _stored(path: Path, sizes: list[int]) -> tuple[BlockStore, dict[BlockKey, bytes]]:
+    store = BlockStore(str(path), len(sizes) * BLOCK_SIZE)
+    blocks = {BlockKey(1, 1, i): block_bytes(BlockKey(1, 1, i), size, 0)
+              for i, size in enumerate(sizes)}
+    store.write_batch(blocks, [], {k: (i, len(v), None) for i, (k, v) in enumerate(blocks.items())})
+    return store, blocks
+
+
+def test_a_whole_block_takes_one_page_of_the_cache_file(tmp_path: Path) -> None:
+    store, _ = _stored(tmp_path, [BLOCK_SIZE] * BLOCKS)
+    pages = store.env.info()["last_pgno"] + 1
+    store.close()
+    # One head page per block, plus leaf and branch pages for keys, tails and stamp rows
+    # (~50 bytes each): the two-page layout took more than 2 * BLOCKS.
+    assert BLOCKS < pages < BLOCKS * 1.15 + 16
+    assert VALUE_BYTES + 16 == 4096
+
+
+@pytest.mark.parametrize("size", [1, HEAD_BYTES - 1, HEAD_BYTES, HEAD_BYTES + 1, BLOCK_SIZE])
+def test_blocks_either_side_of_the_head_read_back_whole(tmp_path: Path, size: int) -> None:
+    store, blocks = _stored(tmp_path, [BLOCK_SIZE, size])
+    assert store.read_run(1, 1, 0, 2) == b"".join(blocks.values())
+    assert store.get_many(list(blocks)) == (blocks, [])
+    store.close()
+
+
+@pytest.mark.parametrize("tail", [b"", b"x" * 24, None], ids=["emptied", "rewritten", "deleted"])
+def test_a_damaged_tail_fails_the_checksum(tmp_path: Path, tail: bytes | None) -> None:
+    store, blocks = _stored(tmp_path, [BLOCK_SIZE] * 3)
+    key = BlockKey(1, 1, 1)
+    with store.env.begin(write=True, db=store._tails) as txn:
+        if tail is None:
+            txn.delete(key.pack())
+        else:
+            txn.put(key.pack(), tail)
+    assert store.read_run(1, 1, 0, 3) is None  # the run refuses, get_many says which
+    found, corrupt = store.get_many(list(blocks))
+    assert corrupt == [key] and found == {k: v for k, v in blocks.items() if k != key}
+    store.close()
+
+
+def test_a_cache_in_the_two_page_layout_is_emptied_at_open(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    key, data = BlockKey(1, 1, 0), block_bytes(BlockKey(1, 1, 0), BLOCK_SIZE, 0)
+    env = lmdb.open(str(tmp_path), max_dbs=2)
+    with env.begin(write=True) as txn:
+        txn.put(key.pack(), block_checksum(data) + data, db=env.open_db(b"blocks", txn=txn))
+        txn.put(key.pack(), (7).to_bytes(8, "big"), db=env.open_db(b"stamps", txn=txn))
+    env.close()
+
+    with caplog.at_level(logging.WARNING, logger="fuse_mount.block_store"):
+        store = BlockStore(str(tmp_path), 4 * BLOCK_SIZE)
+    assert "older NeuralCache" in caplog.text and "1 blocks" in caplog.text
+    assert store.index() == [] and store.get_many([key]) == ({}, [])
+    store.write_batch({key: data}, [], {key: (1, BLOCK_SIZE, None)})
+    assert store.read_run(1, 1, 0, 1) == data
+    store.close()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="fuse_mount.block_store"):
+        store = BlockStore(str(tmp_path), 4 * BLOCK_SIZE)  # the new layout is kept
+    assert caplog.text == "" and store.get_many([key]) == ({key: data}, [])
+    store.close()
