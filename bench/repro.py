@@ -55,6 +55,7 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, RCLONE, SEQUENTIAL, SH
                                    TARGETS, VARIANTS, Runs, Scenario, scenarios)
 from bench.repro_stats import (HINT_RECORDS, RunRecord, link_counter, metric_total, metrics_delta,
                                summarize)
+from bench.transport import configure_node
 from bench.wan import SPOKE as SPOKE_SIDE, LinkSpec, WanLink, parse_rate, parse_rtt
 from fuse_mount.cli import parse_size
 from neuralcache.hints import HintedSampler
@@ -450,6 +451,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     try:
         with _scratch(workdir, args.keep) as scratch, WanLink(spec) as link:
+            configure_node(link)
             bench = Repro(args, layout, export, scratch, link, results_path)
             bench.meta = _meta(args, layout, spec, bench.loop_config(SEQUENTIAL),
                                bench.cache_size, io_batches)
