@@ -7,7 +7,8 @@ PyTorch DataLoader over the emulated WAN.
 The dataset is packed token shards (``bench.repro_data``: 4,096 uint32 ids = 16 KiB per sample).
 Each sample is read by a real ``torch.utils.data.DataLoader`` (workers, prefetch factor, batch 24)
 feeding a loop whose GPU step is a sleep (``bench.repro_loader``). Every scenario runs in the same
-invocation, over one emulated link (``bench.wan``: 60 ms RTT, 200 Mbit/s by default):
+invocation, over one emulated link (``bench.wan``: 60 ms RTT, 200 Mbit/s by default) whose two
+namespaces get the node settings of docs/transport.md (``bench.transport.configure_node``):
 
 - hub-local: the loader reads the export directory itself;
 - spoke cold / warm: ``neuralcache mount`` (daemon in the spoke namespace, hub in the hub
