@@ -48,17 +48,16 @@ _BLOCK_PART = operator.itemgetter(slice(CHECKSUM_BYTES, None))  # a head's block
 _FIRST = operator.itemgetter(0)
 
 OVERFLOW_PAGE = 4096
-"""The LMDB page an overflow value is laid out for (x86-64's page). A fixed part of the format,
-not the machine's: a cache file must read the same wherever it is opened."""
+"""The LMDB page (x86-64's) a head is cut to fill. A constant of the format, so that a block
+splits the same way on every node."""
 OVERFLOW_HEADER = 16
 """Bytes LMDB puts before an overflow value in its first page (``PAGEHDRSZ``)."""
 VALUE_BYTES = OVERFLOW_PAGE - OVERFLOW_HEADER
 """A stored head: the checksum, then the block's first ``HEAD_BYTES``; what the map holds of a
 block where its address points (one page, for ``mincore`` and ``madvise``)."""
 HEAD_BYTES = VALUE_BYTES - CHECKSUM_BYTES
-"""Bytes of a block in its head; the rest (up to ``TAIL_BYTES``, none for a short last block)
-is its tail."""
-TAIL_BYTES = BLOCK_SIZE - HEAD_BYTES
+"""Bytes of a block in its head; the rest (24 bytes of a whole block, none of a last block this
+short) is its tail."""
 TABLE_BYTES_PER_BLOCK = 512
 """Map room per block beyond its head page: its key in the blocks table's leaves, its tail and
 its stamp row (~50 bytes each on leaf pages at least half full), with room to spare."""
