@@ -27,7 +27,7 @@ from neuralcache.trace import TraceWriter
 
 from . import metrics, sd_notify
 from .block_cache import BlockCache
-from .block_store import BlockStore
+from .block_store import BlockStore, disk_shortfall
 from .control import CONTROL_DIR
 from .control_socket import ControlServer
 from .fetcher import BlockFetcher
@@ -35,6 +35,7 @@ from .filesystem import SpokeFilesystem
 from .namespace import Namespace
 from .prefetch import PrefetchPump, measured_link
 from .runtime import MountRecord, cache_lock, remove_record, write_record
+from .status import human_bytes
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,28 @@ def mount_options(cfg: SpokeConfig) -> set[str]:
 
 def open_cache(cfg: SpokeConfig, namespace: Namespace) -> BlockCache:
     """Open the LMDB cache and drop blocks of file versions the hub no longer has."""
-    cache = BlockCache(BlockStore(os.path.join(cfg.cache_dir, "blocks.lmdb"), cfg.cache_size),
-                       cfg.cache_size)
+    path = os.path.join(cfg.cache_dir, "blocks.lmdb")
+    cache = BlockCache(BlockStore(path, cfg.cache_size), cfg.cache_size)
+    _warn_if_the_disk_is_short(path, cfg.cache_size)
     live = {e.file_id: e.version for e in namespace.files()}
     dropped = cache.purge(lambda key: live.get(key.file_id) == key.version)
     if dropped:
         log.info("dropped %d cached blocks of files that changed or vanished on the hub", dropped)
     return cache
+
+
+def _warn_if_the_disk_is_short(path: str, capacity: int) -> None:
+    """Say at mount, not when the disk fills mid-epoch, that ``--cache-size`` does not fit: past
+    that point blocks are read from the hub every time instead of being kept."""
+    disk = os.statvfs(path)
+    data_file = os.path.join(path, "data.mdb")
+    short = disk_shortfall(capacity, os.path.getsize(data_file) if os.path.exists(data_file)
+                           else 0, disk.f_bavail * disk.f_frsize)
+    if short:
+        log.warning("the cache's filesystem (%s) lacks %s for a full --cache-size of %s; once it "
+                    "fills, new blocks are not kept (neuralcache_cache_write_errors_total) and "
+                    "their reads go to the hub every time", path, human_bytes(short),
+                    human_bytes(capacity))
 
 
 async def _watch_signals() -> None:

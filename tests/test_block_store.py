@@ -1,4 +1,5 @@
-"""``BlockStore``'s layout on disk: a block's head fills one LMDB page, its tail lies apart.
+"""``BlockStore``'s layout on disk: a block's head fills one LMDB page, its tail lies apart;
+and the mount's warning when a full cache would not fit on its disk.
 
 Round trips through the cache (any size, evictions, reopening) are the state machine's in
 ``test_block_cache``; these pin down what that cannot see: the pages a block takes, a tail
@@ -8,13 +9,15 @@ damaged on disk, and a cache written in the old two-page layout.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import lmdb
 import pytest
 
 from fabric.checksum import block_checksum
-from fuse_mount.block_store import HEAD_BYTES, VALUE_BYTES, BlockKey, BlockStore
+from fuse_mount.block_store import HEAD_BYTES, VALUE_BYTES, BlockKey, BlockStore, disk_shortfall
+from fuse_mount.daemon import _warn_if_the_disk_is_short
 from neuralcache.blocks import BLOCK_SIZE
 from tests.test_block_cache import block_bytes
 
@@ -83,3 +86,21 @@ def test_a_cache_in_the_two_page_layout_is_emptied_at_open(
         store = BlockStore(str(tmp_path), 4 * BLOCK_SIZE)  # the new layout is kept
     assert caplog.text == "" and store.get_many([key]) == ({key: data}, [])
     store.close()
+
+
+def test_disk_shortfall_counts_the_cache_file_already_there() -> None:
+    assert disk_shortfall(1000, file_bytes=0, free_bytes=2000) == 0
+    assert disk_shortfall(1000, file_bytes=0, free_bytes=500) == 550  # 1000 + 5 % - 500
+    assert disk_shortfall(1000, file_bytes=600, free_bytes=500) == 0
+
+
+def test_a_mount_says_when_the_cache_cannot_fit_on_its_disk(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store, _ = _stored(tmp_path, [BLOCK_SIZE])
+    store.close()
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    with caplog.at_level(logging.WARNING, logger="fuse_mount.daemon"):
+        _warn_if_the_disk_is_short(str(tmp_path), 4 * BLOCK_SIZE)
+        assert caplog.text == ""
+        _warn_if_the_disk_is_short(str(tmp_path), 2 * free + (1 << 40))
+    assert "lacks" in caplog.text and "neuralcache_cache_write_errors_total" in caplog.text
