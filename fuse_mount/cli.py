@@ -127,6 +127,7 @@ def _mount_background(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "fuse_mount.cli", *sys.argv[1:], "--foreground",
             "--ready-fd", str(write_end)]
     with open(log_file, "ab") as log_out:
+        started_at = os.fstat(log_out.fileno()).st_size
         # A detached daemon is not the caller's service: it must not notify the caller's manager.
         env = {k: v for k, v in os.environ.items() if k != sd_notify.NOTIFY_SOCKET}
         subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_out, stderr=log_out,
@@ -137,10 +138,26 @@ def _mount_background(args: argparse.Namespace) -> int:
     status, _, message = line.partition(" ")
     if status == "ok":
         print(f"neuralcache: {message}")
+        for warning in _logged_warnings(log_file, started_at):
+            print(f"neuralcache: {warning}", file=sys.stderr)
         return 0
     print(f"neuralcache: mount failed: {message or 'daemon exited; see ' + log_file}",
           file=sys.stderr)
     return 1
+
+
+_WARNING_LINE = re.compile(r"^\S+ \S+ (WARNING|ERROR) [\w.]+: (.*)$")
+"""A warning or error as ``logging.basicConfig``'s format above writes it to the daemon's log."""
+
+
+def _logged_warnings(log_file: str, offset: int) -> list[str]:
+    """The warnings and errors the daemon logged while it mounted (after ``offset``): a
+    background mount's terminal shows them, not only its log (an old cache emptied, a cache
+    too large for its disk, no BBR)."""
+    with open(log_file, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode(errors="replace").splitlines()
+    return [f"{m[1].lower()}: {m[2]}" for m in map(_WARNING_LINE.match, lines) if m]
 
 
 def cmd_mount(args: argparse.Namespace) -> int:

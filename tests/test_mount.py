@@ -216,6 +216,15 @@ def test_cache_stays_within_its_size(export, hub: Hub, spoke: Spoke) -> None:
     assert spoke.metric("neuralcache_cache_evictions_total") > 0
 
 
+def test_a_background_mount_shows_its_start_up_warnings(export, hub: Hub, spoke: Spoke) -> None:
+    """A cache larger than its disk holds is only a warning, but one the terminal shows."""
+    _, files = export
+    result = spoke.mount(hub.address, "--cache-size", "20T")
+    assert "warning: the cache's filesystem" in result.stderr and "lacks" in result.stderr
+    assert "warning" not in result.stdout  # the "mounted" line stays the stdout's only one
+    read_all(spoke.mountpoint, files)
+
+
 def test_corrupted_blocks_are_rejected_never_served(export, hub: Hub, spoke: Spoke) -> None:
     from tests.mounts import start_proxy
     _, files = export
