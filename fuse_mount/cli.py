@@ -137,7 +137,7 @@ def _mount_background(args: argparse.Namespace) -> int:
         line = answer.readline().strip()
     status, _, message = line.partition(" ")
     if status == "ok":
-        print(f"neuralcache: {message}")
+        print(f"neuralcache: {message}", flush=True)  # before the warnings on stderr
         for warning in _logged_warnings(log_file, started_at):
             print(f"neuralcache: {warning}", file=sys.stderr)
         return 0
