@@ -15,6 +15,7 @@ page; the tails, 24 bytes each, share leaf pages like the stamp rows do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -63,6 +64,8 @@ TABLE_BYTES_PER_BLOCK = 512
 its stamp row (~50 bytes each on leaf pages at least half full), with room to spare."""
 MAP_SLACK = 64 * 1024 * 1024
 """Room beyond that for LMDB's branch pages and free-page bookkeeping."""
+LMDB_FILES = ("data.mdb", "lock.mdb")
+"""What LMDB keeps in the cache's directory."""
 
 
 class BlockKey(NamedTuple):
@@ -189,32 +192,39 @@ class BlockStore:
 
     def __init__(self, path: str, capacity: int) -> None:
         os.makedirs(path, exist_ok=True)
+        self._open(path, capacity)
+        old = self._old_format_blocks()
+        if old:
+            # Emptying it in place would walk every page and keep the file's size; a new file
+            # costs nothing and gives the disk back.
+            self.env.close()
+            for name in LMDB_FILES:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(path, name))
+            self._open(path, capacity)
+            log.warning("the cache in %s was written by an older NeuralCache (two pages per "
+                        "block); removed it (%d blocks), they will be fetched again", path, old)
+        self._thread_probe = ResidencyProbe()
+        self._map_base = _map_base(os.path.join(path, "data.mdb"))
+        """Where LMDB mapped the cache file in this process, to turn a value's address into
+        its offset in the file (which holds across mounts) and back; None if not found."""
+
+    def _open(self, path: str, capacity: int) -> None:
         # sync=False: a cache may lose its last batches on power loss; checksums catch damage.
         self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=3, sync=False,
                              metasync=False, readahead=False, max_readers=256)
         self._blocks = self.env.open_db(b"blocks")
         self._stamps = self.env.open_db(b"stamps")
         self._tails = self.env.open_db(b"tails")
-        self._empty_if_old_format(path)
-        self._thread_probe = ResidencyProbe()
-        self._map_base = _map_base(os.path.join(path, "data.mdb"))
-        """Where LMDB mapped the cache file in this process, to turn a value's address into
-        its offset in the file (which holds across mounts) and back; None if not found."""
 
-    def _empty_if_old_format(self, path: str) -> None:
-        """Empty a cache written before blocks had tails (each block on two pages, see the
-        module docstring): its values do not read as heads. Every block is written with its
-        tail in one transaction, so blocks without a single tail are such a cache. Nothing is
-        lost but the blocks themselves, which are fetched again; the file keeps its size (LMDB
-        reuses the freed pages), so removing the cache directory is what gives the space back."""
-        with self.env.begin(write=True) as txn:
-            blocks = txn.stat(self._blocks)["entries"]
-            if not blocks or txn.stat(self._tails)["entries"]:
-                return
-            txn.drop(self._blocks, delete=False)
-            txn.drop(self._stamps, delete=False)
-        log.warning("the cache in %s was written by an older NeuralCache (two pages per "
-                    "block); emptied it (%d blocks), they will be fetched again", path, blocks)
+    def _old_format_blocks(self) -> int:
+        """How many blocks a cache written before blocks had tails holds (each block on two
+        pages, see the module docstring; its values do not read as heads), 0 for any other.
+        Every block is written with its tail in one transaction, so blocks without a single
+        tail are such a cache."""
+        with self.env.begin() as txn:
+            blocks: int = txn.stat(self._blocks)["entries"]
+            return blocks if blocks and not txn.stat(self._tails)["entries"] else 0
 
     def close(self) -> None:
         self.env.sync(True)

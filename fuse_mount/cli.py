@@ -152,7 +152,7 @@ _WARNING_LINE = re.compile(r"^\S+ \S+ (WARNING|ERROR) [\w.]+: (.*)$")
 
 def _logged_warnings(log_file: str, offset: int) -> list[str]:
     """The warnings and errors the daemon logged while it mounted (after ``offset``): a
-    background mount's terminal shows them, not only its log (an old cache emptied, a cache
+    background mount's terminal shows them, not only its log (an old cache replaced, a cache
     too large for its disk, no BBR)."""
     with open(log_file, "rb") as f:
         f.seek(offset)

@@ -64,18 +64,25 @@ def test_a_damaged_tail_fails_the_checksum(tmp_path: Path, tail: bytes | None) -
     store.close()
 
 
-def test_a_cache_in_the_two_page_layout_is_emptied_at_open(
+def test_a_cache_in_the_two_page_layout_is_replaced_at_open(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     key, data = BlockKey(1, 1, 0), block_bytes(BlockKey(1, 1, 0), BLOCK_SIZE, 0)
-    env = lmdb.open(str(tmp_path), max_dbs=2)
+    env = lmdb.open(str(tmp_path), max_dbs=2, map_size=1 << 30)
     with env.begin(write=True) as txn:
-        txn.put(key.pack(), block_checksum(data) + data, db=env.open_db(b"blocks", txn=txn))
-        txn.put(key.pack(), (7).to_bytes(8, "big"), db=env.open_db(b"stamps", txn=txn))
+        blocks, stamps = env.open_db(b"blocks", txn=txn), env.open_db(b"stamps", txn=txn)
+        for i in range(4096):  # 32 MiB of file in the old layout
+            other = BlockKey(2, 1, i).pack()
+            txn.put(other, block_checksum(data) + data, db=blocks)
+            txn.put(other, (i).to_bytes(8, "big"), db=stamps)
+        txn.put(key.pack(), block_checksum(data) + data, db=blocks)
+        txn.put(key.pack(), (7).to_bytes(8, "big"), db=stamps)
     env.close()
+    old_size = (tmp_path / "data.mdb").stat().st_size
 
     with caplog.at_level(logging.WARNING, logger="fuse_mount.block_store"):
         store = BlockStore(str(tmp_path), 4 * BLOCK_SIZE)
-    assert "older NeuralCache" in caplog.text and "1 blocks" in caplog.text
+    assert "older NeuralCache" in caplog.text and "4097 blocks" in caplog.text
+    assert (tmp_path / "data.mdb").stat().st_size < old_size / 100  # the disk given back
     assert store.index() == [] and store.get_many([key]) == ({}, [])
     store.write_batch({key: data}, [], {key: (1, BLOCK_SIZE, None)})
     assert store.read_run(1, 1, 0, 1) == data
