@@ -63,10 +63,14 @@ class HintRecord:
     exact: bool = False  # read only with read calls of these ranges, never mapped
 
 
+def record_map(record: HintRecord) -> dict[str, object]:
+    """A record as the msgpack map of the wire format (the trace keeps hints in it too)."""
+    return {"v": HINTS_VERSION, "epoch": record.epoch, "source": record.source,
+            "items": [list(item) for item in record.items], "exact": record.exact}
+
+
 def _pack(record: HintRecord) -> bytes:
-    body = msgpack.packb({"v": HINTS_VERSION, "epoch": record.epoch, "source": record.source,
-                          "items": [list(item) for item in record.items],
-                          "exact": record.exact}, use_bin_type=True)
+    body = msgpack.packb(record_map(record), use_bin_type=True)
     return _LENGTH.pack(len(body)) + body
 
 

@@ -22,7 +22,7 @@ import msgpack
 import numpy as np
 
 from neuralcache.catalog import Catalog
-from neuralcache.hints import HINTS_VERSION, HintRecord
+from neuralcache.hints import HintRecord, record_map
 
 TRACE_FORMAT = "neuralcache-trace"
 TRACE_VERSION = 1
@@ -78,10 +78,7 @@ class TraceEncoder:
         return self._packer.pack(["r", t, actor, stream, file_id, offset, length])
 
     def hint(self, t: float, record: HintRecord) -> bytes:
-        return self._packer.pack(["h", t, {"v": HINTS_VERSION, "epoch": record.epoch,
-                                           "source": record.source,
-                                           "items": [list(i) for i in record.items],
-                                           "exact": record.exact}])
+        return self._packer.pack(["h", t, record_map(record)])
 
 
 class TraceWriter:
