@@ -7,7 +7,7 @@ the long path is 100 Mbit/s at 900 ms (BDP 11 MB). "Loss" is per request (see li
 import pytest
 
 from fabric.congestion import BBR, BBRState, Cubic
-from fabric.congestion.bbr import HIGH_GAIN, PACING_GAIN_CYCLE, PACING_MARGIN
+from fabric.congestion.bbr import HIGH_GAIN, PACING_GAIN_CYCLE, PACING_MARGIN, PROBE_RTT_CWND_GAIN
 from bench.linksim import AppLimit, FlowSpec, LinkConfig, simulate
 
 MSS = 64 * 1024
@@ -199,7 +199,11 @@ def test_probe_rtt_follows_a_route_change_on_the_simulated_link():
     assert 10.0 <= entered <= 3.0 + RTT + 10.0
     left = flow.first_time_in("probe_bw", after=entered)
     assert 0.2 <= left - entered <= 0.2 + 3 * new_rtt
-    assert all(s.cwnd <= 4 * MSS for t, s in flow.snapshots if s.state == "probe_rtt")
+    # Half a BDP in flight (BBR v2), not v1's 4 packets: the probe keeps the link half busy.
+    # The BDP is the expired min_rtt's, not that of the longer sample that replaced it.
+    half_bdp = PROBE_RTT_CWND_GAIN * RATE * (RTT + MSS / RATE)
+    assert all(s.cwnd <= half_bdp * 1.05 for t, s in flow.snapshots if s.state == "probe_rtt")
+    assert r.utilization(entered, left) >= 0.45  # v1's 4 packets: 0.34
     after = flow.snapshot_at(left + 0.5)
     assert after.min_rtt == pytest.approx(new_rtt + MSS / RATE, abs=1e-6)
     assert r.utilization(left + 1.0, 16.0) >= 0.95
