@@ -152,12 +152,14 @@ class _Signal:
 class _Read:
     """One ``read`` call: its range, what has arrived, and how it ended."""
 
-    def __init__(self, file_id: int, version: int, first: int, count: int, priority: int) -> None:
+    def __init__(self, file_id: int, version: int, first: int, count: int, priority: int,
+                 deadline: float) -> None:
         self.file_id = file_id
         self.version = version
         self.first = first
         self.count = count
         self.priority = priority
+        self.deadline = deadline
         self.parts: dict[int, bytes] = {}  # verified data by first block
         self.blocks_done = 0
         self.failures: dict[int, int] = {}  # bad replies by first block of the range
@@ -345,7 +347,7 @@ class HubClient:
         ``"prefetch"`` (queued, paced, served with what demand leaves)."""
         if priority not in PRIORITIES:
             raise ValueError(f"priority must be one of {sorted(PRIORITIES)}, got {priority!r}")
-        job = _Read(file_id, version, first, count, PRIORITIES[priority])
+        job = _Read(file_id, version, first, count, PRIORITIES[priority], deadline)
         try:
             if job.priority == Priority.PREFETCH and count > 0:
                 self._pipe.submit(job, first, count)
@@ -362,6 +364,36 @@ class HubClient:
             job.finished = True  # late replies (a hedge's twin) are dropped
             if job.priority == Priority.PREFETCH:
                 self._pipe.cancel(job)
+
+    def expedite(self, file_id: int, version: int, first: int, count: int) -> int:
+        """A reader now waits for blocks ``first .. first + count - 1``: those of them that
+        prefetch reads still hold in the queue leave at once, as demand requests, instead of
+        waiting behind the rest of the queue for the window and the pacer (in STARTUP that is
+        round trips). Blocks already requested are left to arrive. Returns how many blocks
+        were expedited; their prefetch reads return as before, once every block is in."""
+        if self._nursery is None:
+            return 0
+        pieces = self._pipe.take(
+            lambda job: job.file_id == file_id and job.version == version, first, first + count)
+        for job, piece_first, piece_count in pieces:
+            self._nursery.start_soon(self._expedite_piece, job, piece_first, piece_count)
+        expedited = sum(piece_count for _, _, piece_count in pieces)
+        metrics.FABRIC_EXPEDITED_BLOCKS.inc(expedited)
+        return expedited
+
+    async def _expedite_piece(self, job: _Read, first: int, count: int) -> None:
+        """Fetch part of a prefetch read as a demand read, and hand its blocks to that read."""
+        piece = _Read(job.file_id, job.version, first, count, Priority.DEMAND, job.deadline)
+        await self._drive_demand(piece, job.deadline)
+        if job.finished or not piece.finished:
+            return  # the prefetch read gave up, or timed out itself
+        if piece.error is not None:
+            job.finish(piece.error)
+            return
+        job.parts[first] = piece.data()
+        job.blocks_done += count
+        if job.blocks_done >= job.count:
+            job.finish()
 
     # -- demand ----------------------------------------------------------------------------
 

@@ -62,6 +62,10 @@ FABRIC_REQUESTS = Counter(
     "neuralcache_fabric_requests_total",
     "Read requests sent to the hub, by priority (a hedged demand read counts each copy).",
     ["priority"])
+FABRIC_EXPEDITED_BLOCKS = Counter(
+    "neuralcache_fabric_expedited_blocks_total",
+    "Blocks a reader needed while their prefetch request still waited in the spoke's queue; "
+    "they were sent at once as demand requests.")
 FABRIC_CONNECTIONS = Gauge(
     "neuralcache_fabric_connections", "Live connections to the hub, by role.", ["role"])
 

@@ -4,7 +4,9 @@ All readers waiting for the same missing block share one fetch: the first reader
 fetch for the whole missing span and every later reader of any block in it waits on that
 fetch. Fetches run in the daemon's nursery, so a reader that goes away never strands others.
 Prefetches use the same machinery at prefetch priority: a reader that reaches a block while
-its prefetch is on the way waits for that fetch instead of asking the hub a second time.
+its prefetch is on the way waits for that fetch instead of asking the hub a second time, and
+if the request for it has not left the client's prefetch queue yet, has it sent at once as a
+demand request (``HubClient.expedite``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class ShortReadError(Exception):
 class _Fetch:
     first: int
     count: int
+    prefetch: bool
     done: trio.Event = field(default_factory=trio.Event)
     blocks: dict[int, bytes] = field(default_factory=dict)
     error: BaseException | None = None
@@ -126,6 +129,10 @@ class BlockFetcher:
         if new:
             self._start_fetches(entry, new[0].block, new[-1].block + 1)
         waiting = {k: self._inflight[k] for k in missing}
+        # Blocks the prefetcher asked for may still wait in the client's prefetch queue, behind
+        # the window and the pacer: now that a reader needs them they go out as demand.
+        for run in contiguous_runs([k.block for k, f in waiting.items() if f.prefetch]):
+            self.client.expedite(entry.file_id, entry.version, run.first, run.count)
         for fetch in {id(f): f for f in waiting.values()}.values():  # each distinct fetch once
             await fetch.done.wait()
             if fetch.error is not None:
@@ -137,7 +144,7 @@ class BlockFetcher:
         """One fetch for the missing span (split only at the protocol's request size limit)."""
         fetches = []
         for chunk in range(first, end, MAX_READ_BLOCKS):
-            fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk))
+            fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk), prefetch)
             for b in range(fetch.first, fetch.first + fetch.count):
                 self._inflight.setdefault(BlockKey(entry.file_id, entry.version, b), fetch)
             self._nursery.start_soon(self._run, entry, fetch, prefetch)

@@ -241,6 +241,43 @@ def test_cancel_and_requeue() -> None:
     assert isinstance(chunk, Chunk) and (chunk.job, chunk.first, chunk.count) == ("a", 5, 3)
 
 
+def _drain(pipe: RequestPipe) -> list[tuple[str, int]]:
+    """Every queued block as (job, block), in the order the pipe sends them (each chunk acked
+    a millisecond later, so the window never holds the queue back)."""
+    now, out = 10.0, []
+    while (chunk := pipe.poll(now)) is not None:
+        if isinstance(chunk, float):
+            now = chunk
+            continue
+        out.extend((chunk.job, b) for b in range(chunk.first, chunk.first + chunk.count))
+        now += 0.001
+        pipe.on_acked(now, chunk.packet_id)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries=st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 50),
+                                  st.integers(1, 20)), max_size=8),
+       jobs=st.sets(st.sampled_from("abc")), first=st.integers(0, 60),
+       length=st.integers(0, 40), cancelled=st.sampled_from("abcz"))
+def test_take_removes_the_wanted_queued_blocks_and_keeps_the_rest_in_order(
+        entries: list[tuple[str, int, int]], jobs: set[str], first: int, length: int,
+        cancelled: str) -> None:
+    """Against a reference model: the queue as a list of (job, block)."""
+    pipe = RequestPipe(create_controller("cubic"))
+    model = []
+    for job, lo, count in entries:
+        pipe.submit(job, lo, count)
+        model.extend((job, b) for b in range(lo, lo + count))
+    pieces = pipe.take(jobs.__contains__, first, first + length)
+    wanted = [(j, b) for j, b in model if j in jobs and first <= b < first + length]
+    assert [(j, b) for j, lo, n in pieces for b in range(lo, lo + n)] == wanted
+    rest = [(j, b) for j, b in model if not (j in jobs and first <= b < first + length)]
+    assert pipe.queued_bytes == len(rest) * BLOCK_SIZE
+    pipe.cancel(cancelled)  # the per-job bookkeeping survived the splits
+    assert _drain(pipe) == [jb for jb in rest if jb[0] != cancelled]
+
+
 # -- arrival tracker ----------------------------------------------------------------------------
 
 MSS = 1448
@@ -484,6 +521,46 @@ async def test_a_demand_read_overtakes_a_pipe_full_of_prefetch(export_dir: Path)
     # not the whole queue's.
     assert done.index("demand") < 20
     assert demand_latency < 15 * SlowExport.delay
+
+
+class RecordingExport(SlowExport):
+    """A slow export that notes the first block of every read, in the order the hub read them."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.reads: list[int] = []
+
+    def read_blocks(self, file_id: int, version: int, first: int, count: int, *,
+                    nowait: bool = False) -> bytes | bytearray:
+        data = super().read_blocks(file_id, version, first, count, nowait=nowait)
+        self.reads.append(first)
+        return data
+
+
+@trio_test
+async def test_blocks_a_reader_needs_leave_the_prefetch_queue_as_demand(export_dir: Path) -> None:
+    e = big(export_dir)
+    export = RecordingExport(str(export_dir))
+    expedited = metric("neuralcache_fabric_expedited_blocks_total")
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export, read_slots=1)
+        client = await started_client(nursery, hub.port)
+        got: list[bytes] = []
+
+        async def prefetch() -> None:
+            got.append(await client.read(e.file_id, e.version, 0, 2900, priority="prefetch",
+                                         deadline=trio.current_time() + 30))
+
+        async with trio.open_nursery() as readers:
+            readers.start_soon(prefetch)
+            await trio.sleep(0.2)  # the window is full; most of the read waits in the queue
+            assert client.expedite(e.file_id, e.version, 2880, 10) == 10
+            assert client.expedite(e.file_id, e.version, 2880, 10) == 0  # taken already
+        nursery.cancel_scope.cancel()
+    assert got == [blocks_of(export_dir, 0, 2900)]  # the pieces were put back together
+    assert metric("neuralcache_fabric_expedited_blocks_total") - expedited == 10
+    # The hub read the expedited blocks long before the prefetch chunks queued ahead of them.
+    assert export.reads.index(2880) < len(export.reads) // 4
 
 
 @trio_test

@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from neuralcache.blocks import BLOCK_SIZE
@@ -147,6 +147,30 @@ class RequestPipe:
             self._queue.appendleft([job, first, first + count])
             self._queued_blocks += count
             self._jobs[job] = self._jobs.get(job, 0) + 1
+
+    def take(self, wanted: Callable[[Hashable], bool], first: int, end: int
+             ) -> list[tuple[Hashable, int, int]]:
+        """Remove blocks ``[first, end)`` of the queued jobs that ``wanted`` picks from the
+        queue, and return them as ``(job, first, count)`` pieces: a reader is now waiting for
+        them, so they go out as demand instead of waiting their turn (``HubClient.expedite``).
+        Blocks of those jobs already sent are not the pipe's any more, and are left alone."""
+        taken: list[tuple[Hashable, int, int]] = []
+        kept: deque[list] = deque()
+        for entry in self._queue:
+            job, lo, hi = entry
+            a, b = max(lo, first), min(hi, end)
+            if a >= b or not wanted(job):
+                kept.append(entry)
+                continue
+            taken.append((job, a, b - a))
+            self._queued_blocks -= b - a
+            parts = [part for part in ([job, lo, a], [job, b, hi]) if part[1] < part[2]]
+            kept.extend(parts)
+            self._jobs[job] += len(parts) - 1
+            if not self._jobs[job]:
+                del self._jobs[job]
+        self._queue = kept
+        return taken
 
     def cancel(self, job: Hashable) -> None:
         """Drop whatever of ``job`` is still queued (its reader gave up)."""
