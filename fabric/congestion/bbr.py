@@ -10,9 +10,8 @@ recovery. Losses only take the lost bytes out of cwnd, which later acks grow bac
 model's target - the kernel's arithmetic outside its first recovery round - so loss never
 lowers the pacing rate or the bandwidth model. Added: PROBE_RTT is skipped when a recent RTT
 sample came within 1/8 of min_rtt (as Chromium QUIC's BBR may), PROBE_RTT holds half a BDP
-rather than 4 packets (BBR v2), the minimum window is 4 requests rather than 4 segments,
-STARTUP also ends on loss that TCP repaired below the requests (BBR v2's loss threshold), and
-where the transport counts what reached the receiver, no bandwidth sample exceeds it.
+rather than 4 packets (BBR v2), the minimum window is 4 requests rather than 4 segments, and
+STARTUP also ends on loss that TCP repaired below the requests (BBR v2's loss threshold).
 """
 
 from __future__ import annotations
@@ -98,13 +97,6 @@ the loss, where ours are requests whose loss TCP repairs out of sight). A prefet
 than the link keeps the flow app-limited, which the growth test ignores, so STARTUP went on
 pacing bursts at 2.9x into a one-BDP bottleneck buffer: 15,868 tail drops in a full-size cold
 sequential `bench.repro` run. Random loss below this share does not end it."""
-
-ARRIVAL_RATE_SLACK = 1.05
-"""Bandwidth samples are capped at this times the rate at which bytes reached the receiver
-over the sample's round trip, where the transport reports that (``on_path_arrivals``): the
-count is read a poll (2 ms) late at either end of the round trip, +-3 % of a 60 ms one, and
-a cap below the true rate would shrink the model (the 1.25 probe only finds what the cap
-lets through)."""
 
 PACING_MARGIN = 0.01
 """Pace 1 % below the estimate so the bottleneck queue drains on average."""
@@ -221,11 +213,6 @@ class BBR(SampledController):
             self.round_count += 1
             self._round_start = True
         bw = rs.delivery_rate
-        if self.sampler.counts_arrivals:
-            # No sample above what reached the receiver over the packet's round trip: replies
-            # held behind a TCP hole and then released at once are a burst of "delivery" far
-            # above the link, which the max filter would keep.
-            bw = min(bw, rs.arrival_rate * ARRIVAL_RATE_SLACK)
         # App-limited samples show the application's rate, not the path's: keep them out
         # unless they are at least as high as the current estimate.
         if not rs.is_app_limited or bw >= self.btl_bw:
