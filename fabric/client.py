@@ -175,6 +175,13 @@ class _Read:
             self.error = error
             self.changed.fire()
 
+    def add_part(self, first: int, count: int, data: bytes) -> None:
+        """Verified blocks ``first .. first + count - 1`` are in; finish once all of them are."""
+        self.parts[first] = data
+        self.blocks_done += count
+        if self.blocks_done >= self.count:
+            self.finish()
+
     def data(self) -> bytes:
         return b"".join(self.parts[k] for k in sorted(self.parts))
 
@@ -390,10 +397,7 @@ class HubClient:
         if piece.error is not None:
             job.finish(piece.error)
             return
-        job.parts[first] = piece.data()
-        job.blocks_done += count
-        if job.blocks_done >= job.count:
-            job.finish()
+        job.add_part(first, count, piece.data())
 
     # -- demand ----------------------------------------------------------------------------
 
@@ -588,10 +592,7 @@ class HubClient:
             return
         assert isinstance(msg, ReadReply)
         if not bad:
-            job.parts[sent.first] = msg.data
-            job.blocks_done += sent.count
-            if job.blocks_done >= job.count:
-                job.finish()
+            job.add_part(sent.first, sent.count, msg.data)
             return
         failures = job.failures[sent.first] = job.failures.get(sent.first, 0) + 1
         if failures >= CHECKSUM_ATTEMPTS:
