@@ -5,7 +5,8 @@ our controller (``fabric.congestion``, ``bbr`` or ``cubic``) decides how many re
 outstanding and when the next prefetch request may leave (``transport.request_pipe``). The
 connections have two roles:
 
-* **bulk** (``connections``, dialled ``BULK_STAGGER`` apart): prefetch requests, cut into
+* **bulk** (``connections``, dialled over ``BULK_STAGGER`` unless the path is very short or
+  very long, ``stagger_step``): prefetch requests, cut into
   chunks as the controller's window and pacer allow, each sent on the bulk connection with
   the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
   kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
@@ -77,6 +78,14 @@ staggered pool only delays full speed (on loopback by most of a 10 s run)."""
 
 STAGGER_MIN_RTT = 0.005
 """Round trip below which the bulk connections are all dialled at once."""
+
+STAGGER_MIN_ROUNDS = 20
+"""Round trips the whole stagger must span for it to be used; on longer paths the bulk
+connections are dialled at once. BBR's start-up takes about ten rounds, and at 1 % loss a
+round takes about two round trips (replies wait behind TCP's repairs): where ``BULK_STAGGER``
+spans fewer round trips than that (900 ms: 11), start-up runs while the pool is still being
+dialled, and the first connection carries it alone through its own slow start and loss
+recovery (docs/transport.md, "Not behind a backlog at the bottleneck")."""
 
 DEFAULT_DEMAND_CONNECTIONS = 2
 """Demand connections dialled at start: one per copy of a hedged read."""
@@ -233,6 +242,16 @@ class _Connection:
         return min((s.sent_at for s in self.pending.values()), default=math.inf)
 
 
+def stagger_step(span: float, connections: int, rtt: float) -> float:
+    """Seconds between one bulk connection's dial and the next, for a stagger of ``span``
+    seconds over ``connections`` on a path whose greeting took ``rtt``: 0 on paths too short
+    for the kernel's probes to matter and on paths too long for the stagger to end before
+    start-up does."""
+    if rtt < STAGGER_MIN_RTT or rtt * STAGGER_MIN_ROUNDS > span:
+        return 0.0
+    return span / connections
+
+
 def demand_copies(count: int, resent_ratio: float) -> int:
     """Copies of a demand read of ``count`` blocks to send at once: two of a small one while
     the path is losing segments (``resent_ratio``, see HEDGE_MIN_RESENT_RATIO), else one."""
@@ -269,7 +288,7 @@ class HubClient:
         self.tcp_congestion = tcp_congestion
         self._bulk_slots = connections
         self._demand_slots = demand_connections
-        self._stagger = stagger / connections  # between one bulk connection's dial and the next
+        self._stagger = stagger  # over which the bulk connections are dialled (stagger_step)
         # One spoke, many connections: the hub groups them by this name for its fair share.
         self._hello_name = f"{name}#{secrets.token_hex(4)}"
         self._pipe = RequestPipe(create_controller(congestion))
@@ -648,13 +667,13 @@ class HubClient:
 
     async def _wait_turn(self, index: int) -> None:
         """Wait before dialling bulk slot ``index``: once some connection is up, and then
-        ``index`` stagger steps if the path is long enough for it to matter."""
+        ``index`` stagger steps (``stagger_step``)."""
         if index == 0:
             return
         while not self._conns:
             await self._link_changed.wait()
-        if min(c.hello_rtt for c in self._conns) >= STAGGER_MIN_RTT:
-            await trio.sleep(index * self._stagger)
+        rtt = min(c.hello_rtt for c in self._conns)
+        await trio.sleep(index * stagger_step(self._stagger, self._bulk_slots, rtt))
 
     async def _dial_until_up(self, role: str, *, quiet: bool) -> _Connection:
         backoff = BACKOFF_INITIAL

@@ -27,8 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fabric import checksum
-from fabric.client import (DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS, HEDGE_COPIES,
-                           HEDGE_MAX_BLOCKS, HEDGE_MIN_RESENT_RATIO, HubClient, demand_copies)
+from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
+                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, HEDGE_MIN_RESENT_RATIO, HubClient,
+                           demand_copies, stagger_step)
 from fabric.congestion import create_controller
 from fabric.export import Export, WouldBlock
 from fabric.protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, Priority,
@@ -634,6 +635,15 @@ def test_small_demand_reads_are_hedged_only_while_the_path_loses_segments() -> N
     assert demand_copies(1, HEDGE_MIN_RESENT_RATIO) == HEDGE_COPIES
     assert demand_copies(HEDGE_MAX_BLOCKS, 0.01) == HEDGE_COPIES
     assert demand_copies(HEDGE_MAX_BLOCKS + 1, 0.01) == 1  # too large to send twice
+
+
+def test_bulk_connections_are_staggered_only_on_paths_where_it_ends_before_start_up() -> None:
+    step = BULK_STAGGER / DEFAULT_CONNECTIONS
+    assert stagger_step(BULK_STAGGER, DEFAULT_CONNECTIONS, 0.0001) == 0.0  # loopback
+    assert stagger_step(BULK_STAGGER, DEFAULT_CONNECTIONS, 0.060) == step
+    assert stagger_step(BULK_STAGGER, DEFAULT_CONNECTIONS, 0.300) == step
+    assert stagger_step(BULK_STAGGER, DEFAULT_CONNECTIONS, 0.900) == 0.0  # 11 round trips
+    assert stagger_step(0.0, DEFAULT_CONNECTIONS, 0.060) == 0.0
 
 
 @settings(max_examples=200, deadline=None)
