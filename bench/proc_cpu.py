@@ -13,6 +13,10 @@ import os
 
 DAEMON, HUB, FORWARDER, RCLONE, LOADER = ("spoke daemon", "hub", "WAN forwarder", "rclone",
                                           "loader")
+DAEMON_LOOP = "spoke daemon's event loop"
+"""The daemon's main thread, where trio runs every FUSE handler, the prefetcher and the hub
+client: the one thread that cannot spread over two cores. Part of DAEMON; the rest is its
+worker threads (the cache's LMDB writer and reader)."""
 ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (DAEMON, ("fuse_mount.cli", "mount")),
     (HUB, ("fuse_mount.cli", "hub")),
@@ -44,6 +48,12 @@ def cpu_seconds(pid: int) -> float:
     if fields is None:
         raise ProcessLookupError(f"no process {pid}")
     return _own_seconds(fields)
+
+
+def _main_thread_seconds(pid: str) -> float:
+    """User + system CPU seconds of a process's main thread alone (0 if it is gone)."""
+    fields = _stat(f"{pid}/task/{pid}")
+    return 0.0 if fields is None else _own_seconds(fields)
 
 
 def _argv(pid: str) -> list[str]:
@@ -88,6 +98,8 @@ def snapshot(loader_pid: int | None = None) -> dict[str, float]:
             role, seconds = role_of(_argv(name)), _own_seconds(fields)
         if role is not None:
             out[role] = out.get(role, 0.0) + seconds
+        if role == DAEMON:
+            out[DAEMON_LOOP] = out.get(DAEMON_LOOP, 0.0) + _main_thread_seconds(name)
     return out
 
 
@@ -98,7 +110,13 @@ def used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
 
 def describe(cpu: dict[str, float], seconds: float) -> str:
     """``role 12.3 s (45 %)`` for each role that used a tenth of a second or more, busiest
-    first, % of one core over ``seconds``."""
-    parts = [f"{role} {s:.1f} s ({100 * s / seconds:.0f} %)"
-             for role, s in sorted(cpu.items(), key=lambda kv: -kv[1]) if s >= 0.1]
+    first, % of one core over ``seconds``; the daemon's event loop is given inside its entry."""
+    def part(role: str, s: float) -> str:
+        share = f"{100 * s / seconds:.0f} %"
+        if role == DAEMON and DAEMON_LOOP in cpu:
+            share += f", event loop {cpu[DAEMON_LOOP]:.1f} s"
+        return f"{role} {s:.1f} s ({share})"
+
+    parts = [part(role, s) for role, s in sorted(cpu.items(), key=lambda kv: -kv[1])
+             if s >= 0.1 and role != DAEMON_LOOP]
     return "CPU over the loop, % of one core: " + ", ".join(parts) if parts else ""

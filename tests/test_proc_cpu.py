@@ -41,3 +41,27 @@ def test_snapshot_counts_a_role_and_the_loaders_children_live_and_reaped() -> No
     finally:
         forwarder.kill()
         forwarder.wait()
+
+
+def test_the_daemons_event_loop_is_its_main_thread() -> None:
+    """A process whose argv says it is the daemon, busy in its main thread and in a second one:
+    the role counts both, its event loop only the main thread's share."""
+    both = ("import threading\n" + "def busy():\n" + "".join("    " + line + "\n" for line in
+            BUSY.replace("process_time", "thread_time").splitlines()) +
+            "t = threading.Thread(target=busy)\nt.start()\nbusy()\nt.join()\ntime.sleep(30)\n")
+    before = proc_cpu.snapshot()
+    daemon = subprocess.Popen([sys.executable, "-c", "import time\n" + both, "fuse_mount.cli",
+                               "mount"])
+    try:
+        deadline = time.monotonic() + 30
+        while proc_cpu.used(before, proc_cpu.snapshot()).get(proc_cpu.DAEMON, 0) < 0.55:
+            assert time.monotonic() < deadline, "the daemon's CPU never showed"
+            time.sleep(0.05)
+        cpu = proc_cpu.used(before, proc_cpu.snapshot())
+        assert 0.25 <= cpu[proc_cpu.DAEMON_LOOP] <= cpu[proc_cpu.DAEMON] - 0.25
+        line = proc_cpu.describe(cpu, 1.0)
+        assert f"event loop {cpu[proc_cpu.DAEMON_LOOP]:.1f} s" in line
+        assert line.count("spoke daemon") == 1
+    finally:
+        daemon.kill()
+        daemon.wait()
