@@ -15,6 +15,7 @@ from fabric.congestion import (
     DeliveryRateSampler,
     create_controller,
 )
+from fabric.congestion.base import TIME_RESOLUTION
 
 MSS = 64 * 1024
 
@@ -84,6 +85,21 @@ def test_sampler_sample_acked_at_its_send_instant_has_no_rate():
     rs = s.on_acked(1.0, 0)
     assert not rs.valid
     assert rs.delivery_rate == 0.0
+    assert s.srtt == s.min_rtt == TIME_RESOLUTION  # one clock unit, never 0
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLLERS))
+@pytest.mark.parametrize("ack_delay", [0.0, -0.5])
+def test_controllers_take_acks_at_or_before_their_send_instant(name, ack_delay):
+    """A clock that did not move, or stepped back, between a send and its ack: no exception,
+    and a pacing rate that is still a positive number."""
+    cc = create_controller(name, initial_rtt=0.05, mss=MSS)
+    for i in range(20):
+        cc.on_packet_sent(1.0, i, MSS)
+    for i in range(20):
+        cc.on_packet_acked(1.0 + ack_delay, i)
+    assert 0 < cc.pacing_rate < math.inf
+    assert cc.stats().srtt > 0
 
 
 # Operations on a sampler: ("send", size), ("ack", pick), ("lose", pick), ("wait", dt).
@@ -119,8 +135,10 @@ def test_sampler_accounting_and_interval_invariants(ops):
             else:
                 rs = s.on_acked(now, pid)
                 acked += size
-                # An interval never undercuts the request's own RTT, nor hence min RTT.
-                assert rs.interval >= rs.rtt >= s.min_rtt
+                # An interval never undercuts the request's own RTT, nor hence min RTT (but
+                # a request acked at its send instant has an interval of 0 and no rate).
+                assert rs.rtt >= s.min_rtt >= TIME_RESOLUTION
+                assert rs.interval >= rs.rtt or (rs.interval == 0 and not rs.valid)
                 assert size <= rs.delivered <= s.delivered
                 assert rs.prior_in_flight >= size
         assert s.bytes_in_flight == sent - acked - lost == sum(in_flight.values())

@@ -208,7 +208,10 @@ class DeliveryRateSampler:
         if self._app_limited_until and self.delivered > self._app_limited_until:
             self._app_limited_until = 0
         self._first_sent_time = max(self._first_sent_time, packet.sent_time)
-        rtt = _quantize(now - packet.sent_time)
+        # Never below one unit: an ack timed at the instant of its send (a clock coarser than
+        # the path, or one that stepped back) would make srtt 0, which both controllers' pacing
+        # rates divide by. Its interval stays 0, so its sample carries no rate.
+        rtt = max(TIME_RESOLUTION, _quantize(now - packet.sent_time))
         self.min_rtt = min(self.min_rtt, rtt)
         self.srtt = rtt if math.isinf(self.srtt) else self.srtt + SRTT_GAIN * (rtt - self.srtt)
         send_phase = packet.sent_time - packet.first_sent_time
