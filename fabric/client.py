@@ -74,7 +74,8 @@ together, stalling the whole pipe, and the backlog they release afterwards queue
 bottleneck for a second or two, in front of demand replies (measured at 60 ms). Spread out,
 one connection probes at a time and the dispatcher sends around it. Not on short paths (the
 first greeting took under ``STAGGER_MIN_RTT``): there a probe costs 200 ms at most and a
-staggered pool only delays full speed (on loopback by most of a 10 s run)."""
+staggered pool only delays full speed (on loopback by most of a 10 s run); nor on long ones
+(``STAGGER_MIN_ROUNDS``)."""
 
 STAGGER_MIN_RTT = 0.005
 """Round trip below which the bulk connections are all dialled at once."""
@@ -83,9 +84,9 @@ STAGGER_MIN_ROUNDS = 20
 """Round trips the whole stagger must span for it to be used; on longer paths the bulk
 connections are dialled at once. BBR's start-up takes about ten rounds, and at 1 % loss a
 round takes about two round trips (replies wait behind TCP's repairs): where ``BULK_STAGGER``
-spans fewer round trips than that (900 ms: 11), start-up runs while the pool is still being
-dialled, and the first connection carries it alone through its own slow start and loss
-recovery (docs/transport.md, "Not behind a backlog at the bottleneck")."""
+spans fewer than these twenty round trips (900 ms: 11), start-up runs while the pool is still
+being dialled, and the first connection carries it alone through its own slow start and loss
+recovery (docs/transport.md, "Bulk connections at once on long paths")."""
 
 DEFAULT_DEMAND_CONNECTIONS = 2
 """Demand connections dialled at start: one per copy of a hedged read."""
