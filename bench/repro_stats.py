@@ -41,9 +41,14 @@ READS = "neuralcache_reads_total"
 HUB_REQUESTS = "neuralcache_fabric_requests_total"
 PREDICTOR_ISSUED = "neuralcache_prefetch_predictor_issued_bytes_total"
 PREDICTOR_USEFUL = "neuralcache_prefetch_predictor_useful_bytes_total"
+WRITE_BATCHES = ("neuralcache_cache_write_batch_seconds_bucket",
+                 "neuralcache_cache_write_batch_seconds_count",
+                 "neuralcache_cache_write_batch_seconds_sum",
+                 "neuralcache_cache_write_batch_ops_sum")
+"""The cache writer's batches: how long they took (histogram) and how many blocks they held."""
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
-                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL)
+                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, *WRITE_BATCHES)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 

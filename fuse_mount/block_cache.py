@@ -298,8 +298,11 @@ class BlockCache:
         self._writing = batch
         puts = {k: v for k, v in batch.items() if v is not _DELETED}
         deletes = [k for k, v in batch.items() if v is _DELETED]
+        metrics.CACHE_WRITE_OPS.observe(len(batch))
         try:
-            written = await trio.to_thread.run_sync(self.store.write_batch, puts, deletes, stamps)
+            with metrics.CACHE_WRITE_SECONDS.time():
+                written = await trio.to_thread.run_sync(self.store.write_batch, puts, deletes,
+                                                        stamps)
         except lmdb.Error as exc:
             self._drop_unwritten(puts, exc)
         else:

@@ -224,6 +224,8 @@ def test_reopen_with_a_smaller_capacity_keeps_the_most_recent(tmp_path: Path) ->
 def test_the_background_writer_persists_puts(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     data = block_bytes(KEY, 100, 1)
+    batches = metric("neuralcache_cache_write_batch_seconds_count")
+    ops = metric("neuralcache_cache_write_batch_ops_sum")
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -235,6 +237,8 @@ def test_the_background_writer_persists_puts(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
     run(main)
     assert cache.store.get_many([KEY]) == ({KEY: data}, [])
+    assert metric("neuralcache_cache_write_batch_seconds_count") == batches + 1
+    assert metric("neuralcache_cache_write_batch_ops_sum") == ops + 1
     cache.close()
 
 
