@@ -7,6 +7,18 @@ import time
 from bench import proc_cpu
 
 BUSY = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+BUSY_IN_TWO_THREADS = """\
+import threading, time
+def busy():
+    end = time.thread_time() + 0.3
+    while time.thread_time() < end: pass
+t = threading.Thread(target=busy)
+t.start()
+busy()
+t.join()
+time.sleep(30)
+"""
+"""0.3 s of CPU in the main thread and 0.3 s in a second one, then idle."""
 
 
 def test_roles_are_told_by_their_command_lines() -> None:
@@ -46,11 +58,8 @@ def test_snapshot_counts_a_role_and_the_loaders_children_live_and_reaped() -> No
 def test_the_daemons_event_loop_is_its_main_thread() -> None:
     """A process whose argv says it is the daemon, busy in its main thread and in a second one:
     the role counts both, its event loop only the main thread's share."""
-    both = ("import threading\n" + "def busy():\n" + "".join("    " + line + "\n" for line in
-            BUSY.replace("process_time", "thread_time").splitlines()) +
-            "t = threading.Thread(target=busy)\nt.start()\nbusy()\nt.join()\ntime.sleep(30)\n")
     before = proc_cpu.snapshot()
-    daemon = subprocess.Popen([sys.executable, "-c", "import time\n" + both, "fuse_mount.cli",
+    daemon = subprocess.Popen([sys.executable, "-c", BUSY_IN_TWO_THREADS, "fuse_mount.cli",
                                "mount"])
     try:
         deadline = time.monotonic() + 30
