@@ -9,7 +9,9 @@ stops reading fills only its own outbox: its tasks wait there without holding a 
 its reader stops taking requests at ``max_outstanding``, and no other spoke notices. A read
 whose every page is cached (and that is small) is served on the event loop, where it costs
 less than the hand-off to a thread would; any other read and its checksums run in one of
-``READ_SLOTS`` long-lived reader threads (``JobThreads``) so the loop stays free.
+``READ_SLOTS`` long-lived reader threads (``JobThreads``) so the loop stays free. A request
+for several ranges (``ReadManyRequest``, protocol 4) is one task, one read slot and one reply:
+its cached ranges are read on the loop, the rest together in one thread job.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from .export import Export, ExportError, WouldBlock
 from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
-                       MetaReply, MetaRequest, ProtocolError, ReadRequest, Welcome, encode)
+                       MetaReply, MetaRequest, ProtocolError, ReadManyRequest, ReadRequest,
+                       Welcome, encode)
 from .transport import tcp
 from .transport.blocksums import range_checksums
 from .transport.fair_queue import FairQueue
-from .transport.framing import Frame, FrameReader, read_reply_frame, send_frame
+from .transport.framing import (Frame, FrameReader, read_many_reply_frame, read_reply_frame,
+                                send_frame)
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,11 @@ reader thread, where the hand-off is small beside their own cost."""
 _READ_REQUESTS = hub_metrics.HUB_REQUESTS.labels("read")
 _INLINE_READS = hub_metrics.HUB_READS.labels("inline")
 _THREAD_READS = hub_metrics.HUB_READS.labels("thread")
+
+Range = tuple[int, int, int, int]
+"""``(file_id, version, first, count)``: the blocks one read asks for."""
+Blocks = tuple[bytes | bytearray, bytes]
+"""Blocks read and their checksums."""
 
 OUTBOX_FRAMES = 4
 """Replies per connection read ahead of its socket: keeps the kernel's buffer fed while
@@ -197,19 +206,21 @@ class HubServer:
             msg = await reader.receive()
             if msg is None:
                 return
-            if not isinstance(msg, (ReadRequest, MetaRequest)):
+            if not isinstance(msg, (ReadRequest, ReadManyRequest, MetaRequest)):
                 raise ProtocolError(f"a spoke may not send {type(msg).__name__}")
             await slots.acquire()
             nursery.start_soon(self._serve_request, msg, spoke, outbox, slots, report)
 
-    async def _serve_request(self, msg: ReadRequest | MetaRequest, spoke: str, outbox: _Outbox,
-                             slots: trio.Semaphore, report: _Retransmissions | None) -> None:
+    async def _serve_request(self, msg: ReadRequest | ReadManyRequest | MetaRequest, spoke: str,
+                             outbox: _Outbox, slots: trio.Semaphore,
+                             report: _Retransmissions | None) -> None:
         try:
-            if isinstance(msg, ReadRequest):
+            if isinstance(msg, (ReadRequest, ReadManyRequest)):
                 _READ_REQUESTS.inc()
                 await outbox.slots.acquire()
                 try:
-                    frame = await self._read(msg, spoke, report)
+                    frame = await (self._read(msg, spoke, report) if isinstance(msg, ReadRequest)
+                                   else self._read_many(msg, spoke, report))
                 except BaseException:
                     outbox.slots.release()
                     raise
@@ -243,27 +254,89 @@ class HubServer:
         return read_reply_frame(req.req_id, req.first, data, sums,
                                 None if report is None else report.total)
 
-    async def _read_anywhere(self, req: ReadRequest) -> tuple[bytes | bytearray, bytes]:
+    async def _read_anywhere(self, req: ReadRequest) -> Blocks:
         """The read and its checksums on the loop if nothing in them waits for the disk, else
         all over again in a worker thread. Either holds a read slot, so the fair order of the
         slots is kept; an inline read gives it back before any other task runs."""
+        rng = (req.file_id, req.version, req.first, req.count)
         if self.export.nowait_reads and req.count <= INLINE_MAX_BLOCKS:
             try:
-                result = self._read_and_sum(req, nowait=True)
+                result = self._read_and_sum(*rng, nowait=True)
             except WouldBlock:
                 pass
             else:
                 _INLINE_READS.inc()
                 return result
-        result = await self._readers.run(self._read_and_sum, req)
+        result = await self._readers.run(self._read_and_sum, *rng)
         _THREAD_READS.inc()
         return result
 
-    def _read_and_sum(self, req: ReadRequest, nowait: bool = False
-                      ) -> tuple[bytes | bytearray, bytes]:
-        data = self.export.read_blocks(req.file_id, req.version, req.first, req.count,
-                                       nowait=nowait)
+    def _read_and_sum(self, file_id: int, version: int, first: int, count: int,
+                      nowait: bool = False) -> Blocks:
+        data = self.export.read_blocks(file_id, version, first, count, nowait=nowait)
         return data, range_checksums(data)
+
+    async def _read_many(self, req: ReadManyRequest, spoke: str,
+                         report: _Retransmissions | None) -> Frame:
+        """One reply to every range of ``req``, read under one read slot whose fair share is
+        charged for all of them; a range that fails is reported alone, the others served."""
+        if not 0 < req.blocks <= MAX_READ_BLOCKS or any(r[3] == 0 for r in req.ranges):
+            return _error(req.req_id, ErrorCode.BAD_REQUEST,
+                          f"ranges must be non-empty and add up to 1..{MAX_READ_BLOCKS} blocks,"
+                          f" got {[r[3] for r in req.ranges]}")
+        await self._gate.acquire(spoke, req.priority, req.blocks * BLOCK_SIZE)
+        try:
+            outcomes = await self._read_ranges(req.ranges, inline=req.blocks <= INLINE_MAX_BLOCKS)
+        finally:
+            self._gate.release()
+        parts: list[Blocks] = []
+        errors: list[tuple[int, str, str]] = []
+        for index, outcome in enumerate(outcomes):
+            if isinstance(outcome, ExportError):
+                hub_metrics.HUB_ERRORS.labels(outcome.code).inc()
+                errors.append((index, outcome.code, str(outcome)))
+                outcome = (b"", b"")
+            parts.append(outcome)
+        hub_metrics.HUB_SENT_BYTES.inc(sum(len(data) for data, _ in parts))
+        return read_many_reply_frame(req.req_id, parts, errors,
+                                     0 if report is None else report.total)
+
+    async def _read_ranges(self, ranges: tuple[Range, ...], *, inline: bool
+                           ) -> list[Blocks | ExportError]:
+        """Each range's blocks or error. With ``inline``, every range is tried on the loop and
+        those that would wait for the disk are read in one thread job: one hand-off for the
+        request, as a ReadRequest has, not one per range."""
+        done: dict[int, Blocks | ExportError] = {}
+        if inline and self.export.nowait_reads:
+            for index, rng in enumerate(ranges):
+                try:
+                    done[index] = self._range_or_error(rng, nowait=True)
+                except WouldBlock:
+                    pass
+        waiting = [index for index in range(len(ranges)) if index not in done]
+        if waiting:
+            done.update(zip(waiting, await self._readers.run(
+                self._ranges_or_errors, [ranges[index] for index in waiting])))
+            _THREAD_READS.inc()
+        else:
+            _INLINE_READS.inc()
+        return [done[index] for index in range(len(ranges))]
+
+    def _ranges_or_errors(self, ranges: list[Range]) -> list[Blocks | ExportError]:
+        return [self._range_or_error(rng) for rng in ranges]
+
+    def _range_or_error(self, rng: Range, nowait: bool = False) -> Blocks | ExportError:
+        """One range of a multi-range read, or why it failed: its failure must not fail the
+        ranges that share its request. Only WouldBlock escapes (to be read in a thread)."""
+        try:
+            return self._read_and_sum(*rng, nowait=nowait)
+        except WouldBlock:
+            raise
+        except ExportError as exc:
+            return exc
+        except Exception as exc:  # a bug or an OS surprise: fail this range, not the hub
+            log.exception("hub: reading file %d blocks %d+%d failed", rng[0], rng[2], rng[3])
+            return ExportError(ErrorCode.IO_ERROR, f"hub failed to read: {exc!r}")
 
     async def _metadata(self, req: MetaRequest) -> list[bytes]:
         async with self._scan_lock:

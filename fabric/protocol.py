@@ -15,10 +15,13 @@ from typing import Any, ClassVar, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 3
+from neuralcache.blocks import block_count
+
+PROTOCOL_VERSION = 4
 """Bumped on any incompatible change; the hub refuses a hello outside
 ``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``,
-version 3 ``ReadReply.retransmitted``. A hub serves every older spoke, so upgrade hubs first."""
+version 3 ``ReadReply.retransmitted``, version 4 ``ReadManyRequest`` and ``ReadManyReply``. A
+hub serves every older spoke, so upgrade hubs first."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """Oldest spoke protocol a hub still serves: version 1 sends 5-field ReadRequests (all demand)."""
@@ -29,12 +32,21 @@ PRIORITY_VERSION = 2
 LOSS_REPORT_VERSION = 3
 """First protocol version whose ReadReply reports the hub's TCP retransmissions."""
 
+READ_MANY_VERSION = 4
+"""First protocol version whose spokes may ask for several ranges in one request."""
+
 MAX_FRAME = 16 * 1024 * 1024
 """Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a
 bug."""
 
 MAX_READ_BLOCKS = 1024
-"""Largest range one read request may ask for (4 MiB of 4 KiB blocks); clients split larger ones."""
+"""Largest range one read request may ask for (4 MiB of 4 KiB blocks); clients split larger ones.
+Also the most blocks all the ranges of one ReadManyRequest may add up to."""
+
+MAX_READ_RANGES = 64
+"""Most ranges one ReadManyRequest may carry: a 64 KiB prefetch chunk of 16 KiB samples holds 4,
+a 4 MiB one on a fast path up to 256; more ranges per request save little once the request's
+fixed cost is shared by tens of them."""
 
 META_CHUNK_ENTRIES = 4096
 """Metadata entries per reply frame, so a 100,000-file tree streams in ~25 frames of < 1 MiB."""
@@ -164,6 +176,49 @@ class ReadReply:
 
 
 @dataclass(frozen=True)
+class ReadManyRequest:
+    """Ask for several block ranges at once (version >= 4): prefetch of many small samples
+    costs one request and one reply on each side instead of one per sample. ``ranges`` holds
+    ``(file_id, version, first, count)`` tuples, answered in order."""
+
+    KIND: ClassVar[int] = 8
+    req_id: int
+    priority: int
+    ranges: tuple[tuple[int, int, int, int], ...]
+
+    @property
+    def blocks(self) -> int:
+        return sum(r[3] for r in self.ranges)
+
+
+@dataclass(frozen=True)
+class ReadManyReply:
+    """The answer to every range of a ReadManyRequest, in one frame. Range ``i``'s bytes are
+    the next ``sizes[i]`` bytes of ``data`` (the last block of a range may be short; a failed
+    range has none), and its checksums the next one per block of them. A failed range is
+    listed in ``errors`` as ``(index, code, message)``: one range's error is that range's
+    alone."""
+
+    KIND: ClassVar[int] = 9
+    req_id: int
+    sizes: tuple[int, ...]
+    data: bytes
+    checksums: bytes
+    errors: tuple[tuple[int, str, str], ...]
+    retransmitted: int
+
+    def parts(self) -> list[tuple[bytes, bytes]]:
+        """Each range's ``(data, checksums)``, in order (empty for a failed range)."""
+        out, at, sums_at = [], 0, 0
+        for size in self.sizes:
+            nsums = block_count(size) * CHECKSUM_BYTES
+            out.append((self.data[at:at + size], self.checksums[sums_at:sums_at + nsums]))
+            at += size
+            sums_at += nsums
+        return out
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """A request failed on the hub; ``code`` is one of ErrorCode."""
 
@@ -173,7 +228,8 @@ class ErrorReply:
     message: str
 
 
-Message = Union[Hello, Welcome, MetaRequest, MetaReply, ReadRequest, ReadReply, ErrorReply]
+Message = Union[Hello, Welcome, MetaRequest, MetaReply, ReadRequest, ReadReply, ReadManyRequest,
+                ReadManyReply, ErrorReply]
 
 
 def _expect(cond: bool, why: str) -> None:
@@ -192,6 +248,11 @@ def _is_priority(v: Any) -> bool:
 def _fields(msg: Message) -> list[Any]:
     if isinstance(msg, MetaReply):
         return [msg.req_id, [e.to_wire() for e in msg.entries], msg.done]
+    if isinstance(msg, ReadManyRequest):
+        return [msg.req_id, msg.priority, [list(r) for r in msg.ranges]]
+    if isinstance(msg, ReadManyReply):
+        return [msg.req_id, list(msg.sizes), msg.data, msg.checksums,
+                [list(e) for e in msg.errors], msg.retransmitted]
     fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
     if isinstance(msg, ReadReply) and msg.retransmitted is None:
         fields.pop()  # the version-2 form
@@ -226,6 +287,40 @@ def _decode_read_reply(fields: list[Any]) -> ReadReply:
     return ReadReply(req_id, first, data, checksums, retransmitted)
 
 
+def _decode_read_many_request(fields: list[Any]) -> ReadManyRequest:
+    _expect(len(fields) == 3, "read-many request needs 3 fields")
+    req_id, priority, ranges = fields
+    _expect(_is_uint(req_id) and _is_priority(priority), "malformed read-many request header")
+    _expect(isinstance(ranges, list) and 0 < len(ranges) <= MAX_READ_RANGES,
+            f"read-many request needs 1..{MAX_READ_RANGES} ranges")
+    for r in ranges:
+        _expect(isinstance(r, list) and len(r) == 4 and all(map(_is_uint, r)),
+                "a range must be 4 unsigned integers")
+    return ReadManyRequest(req_id, priority, tuple(tuple(r) for r in ranges))
+
+
+def _decode_read_many_reply(fields: list[Any]) -> ReadManyReply:
+    _expect(len(fields) == 6, "read-many reply needs 6 fields")
+    req_id, sizes, data, checksums, errors, retransmitted = fields
+    _expect(_is_uint(req_id) and _is_uint(retransmitted), "malformed read-many reply header")
+    _expect(isinstance(sizes, list) and 0 < len(sizes) <= MAX_READ_RANGES
+            and all(map(_is_uint, sizes)), "malformed read-many reply sizes")
+    _expect(isinstance(data, bytes) and isinstance(checksums, bytes),
+            "read-many reply payload not binary")
+    _expect(sum(sizes) == len(data), "read-many reply sizes do not add up to its data")
+    _expect(len(checksums) == sum(block_count(s) for s in sizes) * CHECKSUM_BYTES,
+            "read-many reply has not one checksum per block")
+    _expect(isinstance(errors, list), "malformed read-many reply errors")
+    seen: set[int] = set()
+    for e in errors:
+        _expect(isinstance(e, list) and len(e) == 3 and _is_uint(e[0]) and e[0] < len(sizes)
+                and e[0] not in seen and isinstance(e[1], str) and e[1] in ErrorCode.ALL
+                and isinstance(e[2], str) and sizes[e[0]] == 0, "malformed read-many error")
+        seen.add(e[0])
+    return ReadManyReply(req_id, tuple(sizes), data, checksums,
+                         tuple(tuple(e) for e in errors), retransmitted)
+
+
 # (class, field validators) for messages whose fields are all scalars.
 _SIMPLE: dict[int, tuple[type, tuple[Any, ...]]] = {
     Hello.KIND: (Hello, (_is_uint, lambda v: isinstance(v, str))),
@@ -253,6 +348,10 @@ def decode_payload(payload: bytes, version: int = PROTOCOL_VERSION) -> Message:
         return _decode_meta_reply(fields)
     if kind == ReadReply.KIND:
         return _decode_read_reply(fields)
+    if kind == ReadManyRequest.KIND and version >= READ_MANY_VERSION:
+        return _decode_read_many_request(fields)
+    if kind == ReadManyReply.KIND:
+        return _decode_read_many_reply(fields)
     spec = _SIMPLE.get(kind)
     _expect(spec is not None, f"unknown message kind {kind!r}")
     cls, checks = spec  # type: ignore[misc]

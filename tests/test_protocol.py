@@ -15,10 +15,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, ErrorCode, ErrorReply, FrameDecoder,
-                             Hello, Message, MetaEntry, MetaReply, MetaRequest, Priority,
-                             ProtocolError, ReadReply, ReadRequest, Welcome, decode_payload,
-                             encode)
+from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, MAX_READ_BLOCKS, MAX_READ_RANGES,
+                             READ_MANY_VERSION, ErrorCode, ErrorReply, FrameDecoder, Hello,
+                             Message, MetaEntry, MetaReply, MetaRequest, Priority, ProtocolError,
+                             ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Welcome,
+                             decode_payload, encode)
+from fabric.transport.framing import read_many_reply_frame, read_many_reply_size
+from neuralcache.blocks import BLOCK_SIZE, block_count
 
 U64 = st.integers(0, 2**64 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -31,6 +34,36 @@ meta_entries = st.builds(
 
 checksum_fields = st.integers(0, 4).flatmap(
     lambda n: st.binary(min_size=n * CHECKSUM_BYTES, max_size=n * CHECKSUM_BYTES))
+PRIORITIES = st.sampled_from(sorted(Priority.ALL))
+
+
+def read_many_requests(max_ranges: int = MAX_READ_RANGES) -> st.SearchStrategy[ReadManyRequest]:
+    return st.builds(ReadManyRequest, U64, PRIORITIES, st.lists(
+        st.tuples(U64, U64, U64, U64), min_size=1, max_size=max_ranges).map(tuple))
+
+
+@st.composite
+def range_replies(draw: st.DrawFn, index: int) -> tuple[bytes, bytes, tuple[Any, ...] | None]:
+    """One range of a ReadManyReply: its data (the last block often short) and checksums, or
+    no data and its error."""
+    if draw(st.booleans(), label="failed"):
+        return b"", b"", (index, draw(st.sampled_from(sorted(ErrorCode.ALL))), draw(TEXT))
+    size = draw(st.integers(0, 300) | st.integers(BLOCK_SIZE - 1, 2 * BLOCK_SIZE + 1))
+    data = draw(st.randoms(use_true_random=False)).randbytes(size)
+    sums = draw(st.binary(min_size=block_count(size) * CHECKSUM_BYTES,
+                          max_size=block_count(size) * CHECKSUM_BYTES))
+    return data, sums, None
+
+
+@st.composite
+def read_many_replies(draw: st.DrawFn, max_ranges: int = 4) -> ReadManyReply:
+    n = draw(st.integers(1, max_ranges))
+    ranges = [draw(range_replies(i)) for i in range(n)]
+    return ReadManyReply(draw(U64), tuple(len(data) for data, _, _ in ranges),
+                         b"".join(data for data, _, _ in ranges),
+                         b"".join(sums for _, sums, _ in ranges),
+                         tuple(e for _, _, e in ranges if e is not None), draw(U64))
+
 
 MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     Hello: st.builds(Hello, U64, TEXT),
@@ -38,10 +71,11 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     MetaRequest: st.builds(MetaRequest, U64),
     MetaReply: st.builds(MetaReply, U64, st.lists(meta_entries, max_size=4).map(tuple),
                          st.booleans()),
-    ReadRequest: st.builds(ReadRequest, U64, U64, U64, U64, U64,
-                           st.sampled_from(sorted(Priority.ALL))),
+    ReadRequest: st.builds(ReadRequest, U64, U64, U64, U64, U64, PRIORITIES),
     ReadReply: st.builds(ReadReply, U64, U64, st.binary(max_size=9000), checksum_fields,
                          st.none() | U64),
+    ReadManyRequest: read_many_requests(max_ranges=4),
+    ReadManyReply: read_many_replies(),
     ErrorReply: st.builds(ErrorReply, U64, st.sampled_from(sorted(ErrorCode.ALL)), TEXT),
 }
 messages = st.one_of(*MESSAGE_STRATEGIES.values())
@@ -239,3 +273,106 @@ def test_buffered_reports_a_truncated_frame(msg: Message, data: st.DataObject) -
     assert decoder.buffered == keep
     assert decoder.feed(wire[keep:]) == [msg]
     assert decoder.buffered == 0
+
+
+@given(msg=read_many_requests())
+def test_a_read_many_request_of_up_to_the_most_ranges_round_trips(msg: ReadManyRequest) -> None:
+    assert FrameDecoder().feed(encode(msg)) == [msg]
+
+
+@given(msg=read_many_replies(max_ranges=MAX_READ_RANGES))
+def test_a_read_many_reply_round_trips_and_splits_into_its_ranges(msg: ReadManyReply) -> None:
+    (decoded,) = FrameDecoder().feed(encode(msg))
+    assert decoded == msg
+    parts = decoded.parts()
+    assert [len(data) for data, _ in parts] == list(msg.sizes)
+    assert b"".join(data for data, _ in parts) == msg.data
+    assert b"".join(sums for _, sums in parts) == msg.checksums
+    assert all(len(sums) == block_count(len(data)) * CHECKSUM_BYTES for data, sums in parts)
+    assert all(parts[index] == (b"", b"") for index, _, _ in msg.errors)
+
+
+@given(msg=read_many_replies(max_ranges=8), views=st.booleans())
+def test_read_many_reply_frame_is_the_encoded_reply(msg: ReadManyReply, views: bool) -> None:
+    # The hub's data is bytes or a bytearray (a cached read); either must frame the same.
+    parts = [(bytearray(data) if views else data, sums) for data, sums in msg.parts()]
+    frame = read_many_reply_frame(msg.req_id, parts, msg.errors, msg.retransmitted)
+    assert b"".join(frame) == encode(msg)
+
+
+@given(req_id=U64, counts=st.lists(st.integers(1, 16), min_size=1, max_size=MAX_READ_RANGES),
+       retransmitted=st.integers(2**32, 2**64 - 1), smaller=st.integers(0, 2**32 - 1))
+def test_read_many_reply_size_is_the_frame_length_of_whole_blocks(
+        req_id: int, counts: list[int], retransmitted: int, smaller: int) -> None:
+    assert sum(counts) <= MAX_READ_BLOCKS
+    parts = [(bytes(c * BLOCK_SIZE), bytes(c * CHECKSUM_BYTES)) for c in counts]
+    size = read_many_reply_size(req_id, counts)
+    assert sum(map(len, read_many_reply_frame(req_id, parts, [], retransmitted))) == size
+    # A smaller count takes fewer bytes: the size is a bound the spoke may budget for.
+    assert sum(map(len, read_many_reply_frame(req_id, parts, [], smaller))) <= size
+
+
+GOOD_RANGE = [1, 2, 0, 1]
+SUM = b"\0" * CHECKSUM_BYTES
+
+
+@pytest.mark.parametrize("fields", [
+    pytest.param([1, 0, []], id="no-ranges"),
+    pytest.param([1, 0, [GOOD_RANGE] * (MAX_READ_RANGES + 1)], id="too-many-ranges"),
+    pytest.param([1, 0, [[1, 2, 0]]], id="range-of-3-ints"),
+    pytest.param([1, 0, [[1, 2, 0, 1, 5]]], id="range-of-5-ints"),
+    pytest.param([1, 0, [GOOD_RANGE, [1, -2, 0, 1]]], id="negative-version"),
+    pytest.param([1, 0, [[1, 2, 0, -1]]], id="negative-count"),
+    pytest.param([1, 0, [[1, 2, 0, True]]], id="bool-count"),
+    pytest.param([-1, 0, [GOOD_RANGE]], id="negative-req-id"),
+    pytest.param([1, 7, [GOOD_RANGE]], id="unknown-priority"),
+    pytest.param([1, 0, GOOD_RANGE], id="ranges-not-nested"),
+    pytest.param([1, 0, [GOOD_RANGE], 0], id="extra-field"),
+])
+def test_malformed_read_many_requests_are_refused(fields: list[Any]) -> None:
+    payload = msgpack.packb([ReadManyRequest.KIND, *fields], use_bin_type=True)
+    with pytest.raises(ProtocolError):
+        decode_payload(payload)
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(frame(payload))
+
+
+@pytest.mark.parametrize("fields", [
+    pytest.param([1, [], b"", b"", [], 0], id="no-ranges"),
+    pytest.param([1, [0] * (MAX_READ_RANGES + 1), b"", b"", [], 0], id="too-many-ranges"),
+    pytest.param([1, [3], b"ab", SUM, [], 0], id="sizes-above-data"),
+    pytest.param([1, [1, 0], b"ab", SUM, [], 0], id="sizes-below-data"),
+    pytest.param([1, [-2], b"ab", SUM, [], 0], id="negative-size"),
+    pytest.param([1, [2], b"ab", b"", [], 0], id="no-checksum"),
+    pytest.param([1, [2], b"ab", SUM * 2, [], 0], id="checksum-too-many"),
+    pytest.param([1, [2], b"ab", SUM[:-1], [], 0], id="partial-checksum"),
+    pytest.param([1, [BLOCK_SIZE + 1], bytes(BLOCK_SIZE + 1), SUM, [], 0],
+                 id="short-last-block-without-checksum"),
+    pytest.param([1, [0], b"", b"", [[1, ErrorCode.STALE, "x"]], 0], id="error-index-past-end"),
+    pytest.param([1, [0], b"", b"", [[-1, ErrorCode.STALE, "x"]], 0], id="negative-error-index"),
+    pytest.param([1, [0, 0], b"", b"", [[0, ErrorCode.STALE, "x"], [0, ErrorCode.IO_ERROR, "y"]],
+                  0], id="duplicate-error-index"),
+    pytest.param([1, [0], b"", b"", [[0, "no_such_code", "x"]], 0], id="unknown-error-code"),
+    pytest.param([1, [0], b"", b"", [[0, ErrorCode.STALE]], 0], id="error-of-2-items"),
+    pytest.param([1, [0], b"", b"", [[0, ErrorCode.STALE, b"x"]], 0], id="binary-message"),
+    pytest.param([1, [2], b"ab", SUM, [[0, ErrorCode.STALE, "x"]], 0], id="error-with-data"),
+    pytest.param([1, [2], b"ab", SUM, [], -1], id="negative-retransmitted"),
+    pytest.param([1, [2], "ab", SUM, [], 0], id="text-data"),
+    pytest.param([1, [2], b"ab", SUM, []], id="missing-retransmitted"),
+])
+def test_malformed_read_many_replies_are_refused(fields: list[Any]) -> None:
+    payload = msgpack.packb([ReadManyReply.KIND, *fields], use_bin_type=True)
+    with pytest.raises(ProtocolError):
+        decode_payload(payload)
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(frame(payload))
+
+
+def test_a_read_many_request_is_unknown_below_its_protocol_version() -> None:
+    payload = encode(ReadManyRequest(1, Priority.PREFETCH, ((1, 2, 0, 4), (3, 4, 8, 1))))
+    payload = payload[HEADER.size:]
+    assert decode_payload(payload, READ_MANY_VERSION) == ReadManyRequest(
+        1, Priority.PREFETCH, ((1, 2, 0, 4), (3, 4, 8, 1)))
+    for version in range(1, READ_MANY_VERSION):
+        with pytest.raises(ProtocolError, match="unknown message kind"):
+            decode_payload(payload, version)

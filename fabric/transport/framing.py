@@ -19,7 +19,7 @@ import trio
 from neuralcache.blocks import BLOCK_SIZE
 
 from ..protocol import (CHECKSUM_BYTES, MAX_FRAME, PROTOCOL_VERSION, Message, ProtocolError,
-                        ReadReply, decode_payload)
+                        ReadManyReply, ReadReply, decode_payload)
 
 STAGING_BYTES = 256 * 1024
 """Receive buffer for headers and small frames; larger payloads get a buffer of their own."""
@@ -27,6 +27,7 @@ STAGING_BYTES = 256 * 1024
 _HEADER = struct.Struct(">I")
 _FIXARRAY_5 = b"\x95"  # msgpack: an array of five items ([kind, req_id, first, data, sums])
 _FIXARRAY_6 = b"\x96"  # the same and the retransmitted count (protocol version >= 3)
+_FIXARRAY_7 = b"\x97"  # [kind, req_id, sizes, data, sums, errors, retransmitted] (ReadManyReply)
 LOSS_FIELD_MAX_BYTES = 9
 """Most bytes the retransmitted count takes in a reply (msgpack uint 64)."""
 
@@ -61,6 +62,34 @@ def read_reply_size(req_id: int, first: int, count: int, *, loss_report: bool = 
             + _HEADER.size + len(_FIXARRAY_5) + len(msgpack.packb(ReadReply.KIND))
             + len(msgpack.packb(req_id)) + len(msgpack.packb(first)) + len(_bin_header(data))
             + data + len(_bin_header(sums)) + sums)
+
+
+def read_many_reply_frame(req_id: int, parts: Sequence[tuple[Buffer, bytes]],
+                          errors: Sequence[tuple[int, str, str]], retransmitted: int) -> Frame:
+    """``encode(ReadManyReply(...))`` as buffers, each range's ``(data, checksums)`` in
+    ``parts`` (empty for a failed range, listed in ``errors``), the data not copied: msgpack's
+    one ``bin`` of all the ranges' bytes is its header followed by them back to back."""
+    sizes = [len(data) for data, _ in parts]
+    head = b"".join([_FIXARRAY_7, msgpack.packb(ReadManyReply.KIND), msgpack.packb(req_id),
+                     msgpack.packb(sizes), _bin_header(sum(sizes))])
+    tail = b"".join([msgpack.packb(b"".join(sums for _, sums in parts), use_bin_type=True),
+                     msgpack.packb([list(e) for e in errors]), msgpack.packb(retransmitted)])
+    length = len(head) + sum(sizes) + len(tail)
+    if length > MAX_FRAME:
+        raise ValueError(f"message of {length} bytes exceeds MAX_FRAME")
+    return (_HEADER.pack(length) + head, *(data for data in (p[0] for p in parts) if len(data)),
+            tail)
+
+
+def read_many_reply_size(req_id: int, counts: Sequence[int]) -> int:
+    """Bytes on the wire of the reply to ranges of ``counts`` whole blocks, none failing (frame
+    header too), the retransmitted count taking the most it can."""
+    data = sum(counts) * BLOCK_SIZE
+    sums = sum(counts) * CHECKSUM_BYTES
+    return (_HEADER.size + len(_FIXARRAY_7) + len(msgpack.packb(ReadManyReply.KIND))
+            + len(msgpack.packb(req_id)) + len(msgpack.packb([c * BLOCK_SIZE for c in counts]))
+            + len(_bin_header(data)) + data + len(_bin_header(sums)) + sums
+            + len(msgpack.packb([])) + LOSS_FIELD_MAX_BYTES)
 
 
 def _bin_header(n: int) -> bytes:
