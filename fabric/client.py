@@ -43,12 +43,12 @@ from . import metrics
 from .checksum import bad_blocks
 from .congestion import CongestionStats, create_controller
 from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, MetaReply,
-                       MetaRequest, Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
-                       encode)
+                       MetaRequest, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
+                       ReadReply, ReadRequest, Welcome, encode)
 from .transport import tcp
 from .transport.arrivals import ArrivalTracker
 from .transport.blocksums import intact
-from .transport.framing import FrameReader, read_reply_size
+from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 from .transport.request_pipe import RequestPipe
 from .transport.resend_rate import ResendRate
@@ -196,6 +196,10 @@ class _Read:
         return b"".join(self.parts[k] for k in sorted(self.parts))
 
 
+_Piece = tuple[_Read, int, int]
+"""``(read, first block, count)``: a range of one read that a request asks for."""
+
+
 @dataclass(eq=False)
 class _Sent:
     """A request on the wire and what to do with its reply."""
@@ -204,9 +208,7 @@ class _Sent:
     packet_id: int | None  # the controller's id (prefetch chunks only)
     nbytes: int
     sent_at: float
-    read: _Read | None = None
-    first: int = 0
-    count: int = 0
+    pieces: tuple[_Piece, ...] = ()  # the ranges asked for, in order (none: metadata)
     copy: bool = False  # one of a demand read's copies (counted in ``_Read.copies``)
     acked: bool = False  # the controller has been told it was delivered
     meta: list[MetaEntry] = field(default_factory=list)
@@ -261,14 +263,34 @@ def demand_copies(count: int, resent_ratio: float) -> int:
     return 1
 
 
-def _corrupt_blocks(sent: _Sent, msg: ReadReply) -> list[int]:
-    """Indices of the blocks of ``msg`` that fail their checksum (all of them if the reply is
-    not for the range ``sent`` asked for)."""
-    if msg.first != sent.first or len(msg.data) > sent.count * BLOCK_SIZE:
-        return list(range(sent.count))
-    if intact(msg.data, msg.checksums):
+_Answer = tuple[int, bytes, bytes] | RemoteError | None
+"""What a reply says about one range: ``(first, data, checksums)``, the hub's error for it, or
+None if the reply does not answer it."""
+
+
+def _answers(sent: _Sent, msg: Message) -> list[_Answer]:
+    """The reply's answer for each of ``sent``'s ranges, in order."""
+    if isinstance(msg, ErrorReply):
+        return [RemoteError(msg.code, msg.message)] * len(sent.pieces)
+    if isinstance(msg, ReadReply) and len(sent.pieces) == 1:
+        return [(msg.first, msg.data, msg.checksums)]
+    if isinstance(msg, ReadManyReply) and len(msg.sizes) == len(sent.pieces):
+        errors = {i: RemoteError(code, message) for i, code, message in msg.errors}
+        return [errors.get(i) or (first, data, sums) for i, ((_, first, _), (data, sums))
+                in enumerate(zip(sent.pieces, msg.parts()))]
+    return [None] * len(sent.pieces)
+
+
+def _corrupt_blocks(first: int, count: int, answer: tuple[int, bytes, bytes] | None
+                    ) -> list[int]:
+    """Indices of the blocks of ``answer`` that fail their checksum (all ``count`` of them if
+    it is not an answer for the range of ``count`` blocks from ``first``)."""
+    if answer is None or answer[0] != first or len(answer[1]) > count * BLOCK_SIZE:
+        return list(range(count))
+    _, data, checksums = answer
+    if intact(data, checksums):
         return []
-    return bad_blocks(msg.data, msg.checksums)
+    return bad_blocks(data, checksums)
 
 
 class HubClient:
@@ -434,7 +456,7 @@ class HubClient:
                     continue
                 job.resend = False
                 for conn in conns:
-                    await self._send_read(conn, job, job.first, job.count, None)
+                    await self._send_read(conn, ((job, job.first, job.count),), None)
                 continue  # a reply (or a loss) may have come in while sending
             await job.changed.wait(deadline)
             if trio.current_time() >= deadline:
@@ -483,28 +505,36 @@ class HubClient:
                 await self._wake.wait(out)
             else:
                 conn = min(bulk, key=lambda c: c.pending_bytes)
-                await self._send_read(conn, out.job, out.first, out.count, out.packet_id)
+                await self._send_read(conn, out.pieces, out.packet_id)
 
     # -- sending and receiving -------------------------------------------------------------
 
-    async def _send_read(self, conn: _Connection, job: _Read, first: int, count: int,
+    async def _send_read(self, conn: _Connection, pieces: tuple[_Piece, ...],
                          packet_id: int | None) -> None:
-        """Send one read request; ``packet_id`` is the pipe's for a prefetch chunk, None for a
-        copy of a demand request (charged to the pacer here)."""
+        """Send one read request for ``pieces`` (several ranges go as one ReadManyRequest);
+        ``packet_id`` is the pipe's for a prefetch chunk, None for a copy of a demand request
+        (one range, charged to the pacer here)."""
         now = trio.current_time()
-        nbytes = max(count, 0) * BLOCK_SIZE
+        nbytes = sum(max(count, 0) for _, _, count in pieces) * BLOCK_SIZE
+        job, first, count = pieces[0]
         copy = packet_id is None
         if copy:
             self._pipe.send_demand(now, nbytes)
             job.copies += 1
-        sent = _Sent(next(self._ids), packet_id, nbytes, now, job, first, count, copy=copy)
+        sent = _Sent(next(self._ids), packet_id, nbytes, now, pieces, copy=copy)
         name = "demand" if job.priority == Priority.DEMAND else "prefetch"
         metrics.FABRIC_REQUESTS.labels(name).inc()
+        if len(pieces) == 1:
+            expected = read_reply_size(sent.req_id, first, max(count, 0), loss_report=True)
+            frame = encode(ReadRequest(sent.req_id, job.file_id, job.version, first, count,
+                                       job.priority))
+        else:
+            expected = read_many_reply_size(sent.req_id, [c for _, _, c in pieces])
+            frame = encode(ReadManyRequest(sent.req_id, job.priority, tuple(
+                (j.file_id, j.version, f, c) for j, f, c in pieces)))
         if conn.arrivals is not None and not conn.closed:
-            conn.arrivals.expect(sent.req_id, read_reply_size(sent.req_id, first, max(count, 0),
-                                                              loss_report=True))
-        await self._send(conn, sent, encode(ReadRequest(
-            sent.req_id, job.file_id, job.version, first, count, job.priority)))
+            conn.arrivals.expect(sent.req_id, expected)
+        await self._send(conn, sent, frame)
 
     async def _send(self, conn: _Connection, sent: _Sent, frame: bytes) -> None:
         if conn.closed:
@@ -522,7 +552,7 @@ class HubClient:
             await trio.aclose_forcefully(conn.stream)
 
     def _on_message(self, conn: _Connection, msg: Message) -> None:
-        if not isinstance(msg, (ReadReply, MetaReply, ErrorReply)):
+        if not isinstance(msg, (ReadReply, ReadManyReply, MetaReply, ErrorReply)):
             raise ProtocolError(f"unexpected {type(msg).__name__} from the hub")
         sent = conn.pending.get(msg.req_id)
         if sent is None:
@@ -533,7 +563,7 @@ class HubClient:
                 return
         del conn.pending[msg.req_id]
         conn.pending_bytes -= sent.nbytes
-        if isinstance(msg, ReadReply):
+        if isinstance(msg, (ReadReply, ReadManyReply)):
             self._resends.on_delivered(trio.current_time(), sent.nbytes)
             if msg.retransmitted is not None:
                 self._report_loss(conn, msg.retransmitted)
@@ -543,7 +573,7 @@ class HubClient:
         self._poll_arrivals()
         sent.reply = msg
         sent.done.set()
-        if sent.read is not None:
+        if sent.pieces:
             self._read_reply(sent, msg)
         self._wake.fire()
 
@@ -595,31 +625,31 @@ class HubClient:
             self._poll_arrivals()
 
     def _read_reply(self, sent: _Sent, msg: Message) -> None:
-        job = sent.read
-        assert job is not None
-        job.copies -= sent.copy
-        bad = _corrupt_blocks(sent, msg) if isinstance(msg, ReadReply) else []
-        if bad:
-            # Counted even when the other copy of a hedged read has already won: the path
-            # delivered bad bytes either way, and which copy came first is chance.
-            metrics.CHECKSUM_FAILURES.inc(len(bad))
-            log.error("%d block(s) of file %d from block %d failed their checksum",
-                      len(bad), job.file_id, sent.first)
-        if job.finished:
-            return  # the other copy of a hedged read won, or the reader gave up
-        if isinstance(msg, ErrorReply):
-            job.finish(RemoteError(msg.code, msg.message))
-            return
-        assert isinstance(msg, ReadReply)
-        if not bad:
-            job.add_part(sent.first, sent.count, msg.data)
-            return
-        failures = job.failures[sent.first] = job.failures.get(sent.first, 0) + 1
-        if failures >= CHECKSUM_ATTEMPTS:
-            job.finish(ChecksumError(f"file {job.file_id} blocks {sent.first}+{sent.count}: "
-                                     f"checksum mismatch {failures} times"))
-            return
-        self._retry(sent)
+        if sent.copy:
+            sent.pieces[0][0].copies -= 1
+        for (job, first, count), answer in zip(sent.pieces, _answers(sent, msg)):
+            if isinstance(answer, RemoteError):
+                job.finish(answer)
+                continue
+            bad = _corrupt_blocks(first, count, answer)
+            if bad:
+                # Counted even when the other copy of a hedged read has already won: the path
+                # delivered bad bytes either way, and which copy came first is chance.
+                metrics.CHECKSUM_FAILURES.inc(len(bad))
+                log.error("%d block(s) of file %d from block %d failed their checksum",
+                          len(bad), job.file_id, first)
+            if job.finished:
+                continue  # the other copy of a hedged read won, or the reader gave up
+            if not bad:
+                assert answer is not None
+                job.add_part(first, count, answer[1])
+                continue
+            failures = job.failures[first] = job.failures.get(first, 0) + 1
+            if failures >= CHECKSUM_ATTEMPTS:
+                job.finish(ChecksumError(f"file {job.file_id} blocks {first}+{count}: "
+                                         f"checksum mismatch {failures} times"))
+                continue
+            self._retry(sent, job, first, count)
 
     def _lost(self, sent: _Sent) -> None:
         """``sent`` will get no reply (its connection died or timed out)."""
@@ -628,21 +658,21 @@ class HubClient:
             sent.acked = True
             self._pipe.on_lost(trio.current_time(), sent.packet_id)
             metrics.FABRIC_LOST_REQUESTS.inc()
-        job = sent.read
-        if job is None:
-            return
-        job.copies -= sent.copy
-        if not job.finished:
-            self._retry(sent)
+        if sent.copy:
+            sent.pieces[0][0].copies -= 1
+        for job, first, count in sent.pieces:
+            if not job.finished:
+                self._retry(sent, job, first, count)
 
-    def _retry(self, sent: _Sent) -> None:
-        job = sent.read
-        assert job is not None
+    def _retry(self, sent: _Sent, job: _Read, first: int, count: int) -> None:
+        """Ask again for ``job``'s range that ``sent`` did not bring: a prefetch range goes
+        back to the head of the queue, a demand read is sent again once no copy of it is
+        outstanding (a hedge's twin may still bring it)."""
         if not sent.copy:
             metrics.HUB_FETCH_RETRIES.inc()
-            self._pipe.requeue(job, sent.first, sent.count)
+            self._pipe.requeue(job, first, count)
             self._wake.fire()
-        elif job.copies == 0:  # a hedge's twin may still bring it
+        elif job.copies == 0:
             metrics.HUB_FETCH_RETRIES.inc()
             job.resend = True
             job.changed.fire()

@@ -10,7 +10,7 @@ import sys
 
 import trio
 
-from fabric.protocol import FrameDecoder, ReadReply, encode
+from fabric.protocol import FrameDecoder, ReadManyReply, ReadReply, encode
 
 
 async def main(target: str, mode: str) -> None:
@@ -26,7 +26,8 @@ async def main(target: str, mode: str) -> None:
         decoder = FrameDecoder()
         async for data in src:
             for msg in decoder.feed(data):
-                if isinstance(msg, ReadReply) and msg.data and (mode == "always" or corrupted == 0):
+                blocks = isinstance(msg, (ReadReply, ReadManyReply)) and msg.data
+                if blocks and (mode == "always" or corrupted == 0):
                     flipped = bytearray(msg.data)
                     flipped[len(flipped) // 2] ^= 0x01
                     msg = dataclasses.replace(msg, data=bytes(flipped))

@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 from fabric.client import HubClient
 from fabric.export import Export
 from fabric.hub import HubServer
-from fabric.protocol import FrameDecoder, Message, ReadReply, encode
+from fabric.protocol import FrameDecoder, Message, ReadManyReply, ReadReply, encode
 
 TEST_LIMIT = 20
 """Seconds any one socket test may take before it is failed rather than left hanging."""
@@ -97,8 +97,9 @@ async def running_client(port: int, **kwargs: float) -> AsyncIterator[HubClient]
         nursery.cancel_scope.cancel()
 
 
-def flip_reply(msg: ReadReply) -> ReadReply:
-    """The same reply with one bit of its block data flipped (the checksums left as they were)."""
+def flip_reply(msg: ReadReply | ReadManyReply) -> ReadReply | ReadManyReply:
+    """The same reply with one bit of its block data flipped (the checksums left as they were;
+    in a reply to several ranges, the range holding the middle byte)."""
     flipped = bytearray(msg.data)
     flipped[len(flipped) // 2] ^= 0x01
     return dataclasses.replace(msg, data=bytes(flipped))

@@ -33,6 +33,11 @@ SMALL = "dir/small.bin"
 
 @pytest.fixture
 def export_dir(tmp_path: Path) -> Path:
+    return make_export(tmp_path)
+
+
+def make_export(tmp_path: Path) -> Path:
+    """BIG (256 random blocks) and SMALL (two blocks and 100 bytes) under ``tmp_path``."""
     rng = random.Random(3)
     root = tmp_path / "export"
     (root / "dir").mkdir(parents=True)

@@ -30,11 +30,12 @@ from fabric import checksum
 from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
                            HEDGE_COPIES, HEDGE_MAX_BLOCKS, HEDGE_MIN_RESENT_RATIO, HubClient,
                            demand_copies, stagger_step)
-from fabric.congestion import create_controller
+from fabric.congestion import CongestionStats, create_controller
+from fabric.congestion.base import SampledController
 from fabric.export import Export, WouldBlock
-from fabric.protocol import (PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello, Priority,
-                             ProtocolError, ReadReply, ReadRequest, Welcome, decode_payload,
-                             encode)
+from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello,
+                             Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
+                             decode_payload, encode)
 from fabric.transport import blocksums
 from fabric.transport.arrivals import ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
@@ -137,8 +138,10 @@ def test_prefetch_is_cut_into_chunks_and_waits_for_the_window() -> None:
             now = out
             continue
         sent.append(out)
-    assert sent and all(isinstance(c, Chunk) and c.job == "job" for c in sent)
-    assert [c.first for c in sent] == list(itertools_accumulate([0] + [c.count for c in sent]))[:-1]
+    assert sent and all(isinstance(c, Chunk) and len(c.pieces) == 1 for c in sent)
+    assert all(c.pieces[0][0] == "job" for c in sent)
+    assert [c.pieces[0][1] for c in sent] == list(
+        itertools_accumulate([0] + [c.count for c in sent]))[:-1]
     assert pipe.stats().bytes_in_flight >= pipe.stats().cwnd  # stopped by the window...
     assert pipe.queued_bytes == (10_000 - sum(c.count for c in sent)) * BLOCK_SIZE
     pipe.on_acked(now + 0.05, sent[0].packet_id)  # ...and an ack opens it again
@@ -239,7 +242,7 @@ def test_cancel_and_requeue() -> None:
     assert pipe.queued_bytes == 32 * BLOCK_SIZE
     pipe.requeue("a", 5, 3)  # a lost chunk goes first
     chunk = pipe.poll(10.0)
-    assert isinstance(chunk, Chunk) and (chunk.job, chunk.first, chunk.count) == ("a", 5, 3)
+    assert isinstance(chunk, Chunk) and chunk.pieces[0] == ("a", 5, 3)
 
 
 def _drain(pipe: RequestPipe) -> list[tuple[str, int]]:
@@ -250,7 +253,8 @@ def _drain(pipe: RequestPipe) -> list[tuple[str, int]]:
         if isinstance(chunk, float):
             now = chunk
             continue
-        out.extend((chunk.job, b) for b in range(chunk.first, chunk.first + chunk.count))
+        out.extend((job, b) for job, first, count in chunk.pieces
+                   for b in range(first, first + count))
         now += 0.001
         pipe.on_acked(now, chunk.packet_id)
     return out
@@ -277,6 +281,51 @@ def test_take_removes_the_wanted_queued_blocks_and_keeps_the_rest_in_order(
     assert pipe.queued_bytes == len(rest) * BLOCK_SIZE
     pipe.cancel(cancelled)  # the per-job bookkeeping survived the splits
     assert _drain(pipe) == [jb for jb in rest if jb[0] != cancelled]
+
+
+def test_small_jobs_share_a_chunk_up_to_its_size() -> None:
+    """Sixteen-block chunks (the smallest): four 4-block jobs go as one request of four
+    ranges; a 10-block job is cut where the chunk ends and its rest leads the next one."""
+    pipe = RequestPipe(create_controller("bbr"))
+    for job in "abcd":
+        pipe.submit(job, 100, 4)
+    pipe.submit("e", 0, 10)
+    pipe.submit("f", 50, 2)
+    first = pipe.poll(10.0)
+    assert isinstance(first, Chunk)
+    assert first.pieces == (("a", 100, 4), ("b", 100, 4), ("c", 100, 4), ("d", 100, 4))
+    assert first.nbytes == MIN_REQUEST_BYTES
+    pipe.on_acked(10.001, first.packet_id)
+    second = pipe.poll(10.01)
+    assert isinstance(second, Chunk) and second.pieces == (("e", 0, 10), ("f", 50, 2))
+    assert pipe.queued_bytes == 0
+
+
+class _FastPath(SampledController):
+    """A controller with a fixed, fast pacing rate and an open window: chunks of
+    ``MAX_REQUEST_BYTES``."""
+
+    name = "fast"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cwnd = 1 << 40
+        self._pacing_rate = 10e9
+
+    def on_packet_sent(self, now: float, packet_id: int, nbytes: int) -> None:
+        self.sampler.on_sent(now, packet_id, nbytes)
+
+    def stats(self) -> CongestionStats:
+        return self._stats(state="fast", btl_bw=self._pacing_rate, min_rtt=math.inf)
+
+
+def test_a_chunk_carries_at_most_max_read_ranges() -> None:
+    pipe = RequestPipe(_FastPath())
+    for i in range(MAX_READ_RANGES + 5):
+        pipe.submit(i, 0, 1)
+    chunk = pipe.poll(10.0)
+    assert isinstance(chunk, Chunk) and len(chunk.pieces) == MAX_READ_RANGES
+    assert pipe.queued_bytes == 5 * BLOCK_SIZE
 
 
 # -- arrival tracker ----------------------------------------------------------------------------

@@ -17,7 +17,8 @@ response is in. Two classes share the one controller:
   volume is bounded by the readers themselves (each waits for its data), so it cannot flood
   the path the way a queue could.
 * **prefetch** - queued FIFO and cut into chunks only as they leave (so each chunk is sized
-  for the path as measured at that moment); a chunk leaves only while bytes in flight are
+  for the path as measured at that moment; jobs smaller than a chunk share one, as several
+  ranges of one request); a chunk leaves only while bytes in flight are
   below cwnd and when the pacer allows. The pacer runs a little below the controller's
   pacing rate (``headroom``): BBR's bandwidth estimate is a max filter over delivery-rate
   samples, and ours are timed by a Python event loop a millisecond or so late at random, so
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from neuralcache.blocks import BLOCK_SIZE
 
 from ..congestion import CongestionController, CongestionStats, Pacer
-from ..protocol import MAX_READ_BLOCKS
+from ..protocol import MAX_READ_BLOCKS, MAX_READ_RANGES
 
 MIN_REQUEST_BYTES = 64 * 1024
 """Smallest prefetch chunk: the controller's segment (``DEFAULT_MSS``), 16 blocks."""
@@ -87,14 +88,22 @@ def chunk_bytes(pacing_rate: float) -> int:
     return int(size) // BLOCK_SIZE * BLOCK_SIZE
 
 
+Piece = tuple[Hashable, int, int]
+"""``(job, first block, count)``: one range of one queued job."""
+
+
 @dataclass(frozen=True)
 class Chunk:
-    """One prefetch request ready to go: ``count`` blocks from ``first`` for ``job``."""
+    """One prefetch request ready to go: one or more ranges (``pieces``) of queued jobs, in
+    queue order. Several small jobs (a shuffled loader's 16 KiB samples) share a chunk, so a
+    chunk costs one request whatever the jobs' size (``MAX_READ_RANGES`` at most)."""
 
     packet_id: int
-    job: Hashable
-    first: int
-    count: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def count(self) -> int:
+        return sum(piece[2] for piece in self.pieces)
 
     @property
     def nbytes(self) -> int:
@@ -195,23 +204,35 @@ class RequestPipe:
             return None
         if not self.controller.can_send(MIN_REQUEST_BYTES):
             return None
-        blocks = chunk_bytes(self.controller.pacing_rate) // BLOCK_SIZE
-        entry = self._queue[0]
-        job, first, end = entry
-        count = min(blocks, end - first)
+        pieces = self._head(chunk_bytes(self.controller.pacing_rate) // BLOCK_SIZE)
+        nbytes = sum(piece[2] for piece in pieces) * BLOCK_SIZE
         self.pacer.update_rate(self.rate, t)
-        when = self.pacer.next_send_time(t, count * BLOCK_SIZE)
+        when = self.pacer.next_send_time(t, nbytes)
         if when > t:
             return now + (when - t)
-        entry[1] = first + count
-        if entry[1] >= end:
-            self._queue.popleft()
-            self._forget(job)
-        self._queued_blocks -= count
-        chunk = Chunk(next(self._ids), job, first, count)
-        self.controller.on_packet_sent(t, chunk.packet_id, chunk.nbytes)
-        self.pacer.on_sent(t, chunk.nbytes)
+        for job, first, count in pieces:
+            entry = self._queue[0]
+            entry[1] = first + count
+            if entry[1] >= entry[2]:
+                self._queue.popleft()
+                self._forget(job)
+            self._queued_blocks -= count
+        chunk = Chunk(next(self._ids), tuple(pieces))
+        self.controller.on_packet_sent(t, chunk.packet_id, nbytes)
+        self.pacer.on_sent(t, nbytes)
         return chunk
+
+    def _head(self, blocks: int) -> list[Piece]:
+        """The pieces the next chunk of up to ``blocks`` blocks takes from the head of the
+        queue, in order (at most ``MAX_READ_RANGES``; the last may be part of its entry)."""
+        pieces: list[Piece] = []
+        for job, first, end in self._queue:
+            count = min(blocks, end - first)
+            pieces.append((job, first, count))
+            blocks -= count
+            if not blocks or len(pieces) == MAX_READ_RANGES:
+                break
+        return pieces
 
     def _forget(self, job: Hashable) -> None:
         left = self._jobs[job] - 1
