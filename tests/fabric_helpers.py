@@ -109,6 +109,21 @@ Rewrite = Callable[[Message], Awaitable[Message]]
 
 
 @dataclasses.dataclass
+class CorruptFirst:
+    """A proxy ``Rewrite`` that flips a bit in the first block-carrying reply of ``kind`` and
+    passes everything else unchanged; ``corrupted`` counts what it flipped."""
+
+    kind: type
+    corrupted: int = 0
+
+    async def __call__(self, msg: Message) -> Message:
+        if isinstance(msg, self.kind) and msg.data and not self.corrupted:
+            self.corrupted += 1
+            return flip_reply(msg)
+        return msg
+
+
+@dataclasses.dataclass
 class Proxy:
     """A TCP proxy in front of a hub: spoke->hub bytes pass unchanged, hub->spoke frames are decoded
     and handed to ``rewrite`` (which may alter or delay them) before being re-encoded."""

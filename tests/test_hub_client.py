@@ -23,8 +23,8 @@ from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PRO
                              ErrorCode, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
                              MetaReply, MetaRequest, ReadReply, ReadRequest, Welcome, encode)
 from neuralcache.blocks import BLOCK_SIZE
-from tests.fabric_helpers import (LOCALHOST, Proxy, flip_reply, metric, running_client,
-                                  start_hub, trio_test)
+from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, flip_reply, metric,
+                                  running_client, start_hub, trio_test)
 
 
 BIG = "big.bin"
@@ -301,14 +301,7 @@ async def test_replies_that_keep_failing_their_checksum_raise_checksum_error(
 @trio_test
 async def test_one_corrupted_reply_is_refetched_and_the_read_succeeds(export_dir: Path) -> None:
     failures = metric("neuralcache_checksum_failures_total")
-    corrupted = 0
-
-    async def corrupt_first(msg: Message) -> Message:
-        nonlocal corrupted
-        if isinstance(msg, ReadReply) and msg.data and not corrupted:
-            corrupted += 1
-            return flip_reply(msg)
-        return msg
+    corrupt_first = CorruptFirst(ReadReply)
 
     async with trio.open_nursery() as nursery:
         hub = await start_hub(nursery, export_dir)
@@ -322,7 +315,7 @@ async def test_one_corrupted_reply_is_refetched_and_the_read_succeeds(export_dir
                 while metric("neuralcache_checksum_failures_total") < failures + 1:
                     await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
-    assert corrupted == 1
+    assert corrupt_first.corrupted == 1
     assert metric("neuralcache_checksum_failures_total") == failures + 1
 
 

@@ -330,11 +330,7 @@ SUM = b"\0" * CHECKSUM_BYTES
     pytest.param([1, 0, [GOOD_RANGE], 0], id="extra-field"),
 ])
 def test_malformed_read_many_requests_are_refused(fields: list[Any]) -> None:
-    payload = msgpack.packb([ReadManyRequest.KIND, *fields], use_bin_type=True)
-    with pytest.raises(ProtocolError):
-        decode_payload(payload)
-    with pytest.raises(ProtocolError):
-        FrameDecoder().feed(frame(payload))
+    _assert_refused(ReadManyRequest.KIND, fields)
 
 
 @pytest.mark.parametrize("fields", [
@@ -361,7 +357,12 @@ def test_malformed_read_many_requests_are_refused(fields: list[Any]) -> None:
     pytest.param([1, [2], b"ab", SUM, []], id="missing-retransmitted"),
 ])
 def test_malformed_read_many_replies_are_refused(fields: list[Any]) -> None:
-    payload = msgpack.packb([ReadManyReply.KIND, *fields], use_bin_type=True)
+    _assert_refused(ReadManyReply.KIND, fields)
+
+
+def _assert_refused(kind: int, fields: list[Any]) -> None:
+    """A message of ``kind`` with ``fields`` is refused, alone and inside a frame."""
+    payload = msgpack.packb([kind, *fields], use_bin_type=True)
     with pytest.raises(ProtocolError):
         decode_payload(payload)
     with pytest.raises(ProtocolError):

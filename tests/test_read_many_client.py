@@ -11,8 +11,9 @@ import pytest
 import trio
 
 from fabric.client import HubClient, RemoteError
-from fabric.protocol import ErrorCode, Message, MetaEntry, ReadManyReply
-from tests.fabric_helpers import Proxy, flip_reply, metric, running_client, start_hub, trio_test
+from fabric.protocol import ErrorCode, MetaEntry, ReadManyReply
+from tests.fabric_helpers import (CorruptFirst, Proxy, metric, running_client, start_hub,
+                                  trio_test)
 from tests.test_hub_client import BIG, SMALL, blocks_of, entry, make_export
 
 SAMPLE_BLOCKS = 4
@@ -95,14 +96,7 @@ async def test_a_corrupted_shared_reply_is_refetched_range_by_range(export_dir: 
     reads = [(big, big.version, first, SAMPLE_BLOCKS) for first in _offsets(3)]
     failures = metric("neuralcache_checksum_failures_total")
     retries = metric("neuralcache_hub_fetch_retries_total")
-    corrupted = 0
-
-    async def corrupt_first(msg: Message) -> Message:
-        nonlocal corrupted
-        if isinstance(msg, ReadManyReply) and msg.data and not corrupted:
-            corrupted += 1
-            return flip_reply(msg)
-        return msg
+    corrupt_first = CorruptFirst(ReadManyReply)
 
     async with trio.open_nursery() as nursery:
         hub = await start_hub(nursery, export_dir)
@@ -111,7 +105,7 @@ async def test_a_corrupted_shared_reply_is_refetched_range_by_range(export_dir: 
         async with running_client(proxy.port) as client:
             got, _ = await _prefetch_all(client, reads)
         nursery.cancel_scope.cancel()
-    assert corrupted == 1
+    assert corrupt_first.corrupted == 1
     assert got == [blocks_of(export_dir, BIG, first, count) for _, _, first, count in reads]
     # The flip hit one block of one range: that range alone was asked for again.
     assert metric("neuralcache_checksum_failures_total") == failures + 1
