@@ -2,7 +2,8 @@
 
 A block put into the cache is readable at once from memory; a background task writes the
 accumulated puts, evictions and last-use stamps to LMDB in one transaction per batch, in a
-worker thread. Readers therefore never wait on a write transaction, and the cache survives a
+child process (``cache_writer``: in a thread of the daemon the writes fought the event loop
+for the GIL). Readers therefore never wait on a write transaction, and the cache survives a
 restart (remounting over the same directory is warm). Reads of LMDB run in one long-lived
 reader thread, so the event loop never waits for the disk, except short runs whose pages are
 all in RAM (checked with ``mincore``), which the loop reads itself: for them the hand-off to
@@ -15,7 +16,6 @@ import itertools
 import logging
 from typing import Any, Callable, Iterable
 
-import lmdb
 import trio
 
 from fabric.job_threads import JobThreads
@@ -23,6 +23,7 @@ from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
 from .block_store import VALUE_BYTES, BlockKey, BlockStore, KeyTuple, run_keys
+from .cache_writer import CacheWriteError, CacheWriter
 from .residency import ResidencyProbe, will_need
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class BlockCache:
 
     def __init__(self, store: BlockStore, capacity: int) -> None:
         self.store = store
+        self.writer = CacheWriter(store.path, store.capacity, store.map_base)
         self.policy = LruPolicy(capacity)
         self._ops: dict[BlockKey, bytes | None] = {}  # not yet handed to the writer
         self._writing: dict[BlockKey, bytes | None] = {}  # being written right now
@@ -282,7 +284,7 @@ class BlockCache:
             await self._write_locked()
 
     async def _write_locked(self) -> None:
-        batch = dict(list(self._ops.items())[:MAX_BATCH_OPS])
+        batch = dict(itertools.islice(self._ops.items(), MAX_BATCH_OPS))
         for key in batch:
             del self._ops[key]
         # A stamp row goes with its block's put, never before it (``BlockStore.index`` reads
@@ -301,9 +303,9 @@ class BlockCache:
         metrics.CACHE_WRITE_OPS.observe(len(batch))
         try:
             with metrics.CACHE_WRITE_SECONDS.time():
-                written = await trio.to_thread.run_sync(self.store.write_batch, puts, deletes,
+                written = await trio.to_thread.run_sync(self.writer.write_batch, puts, deletes,
                                                         stamps)
-        except lmdb.Error as exc:
+        except CacheWriteError as exc:
             self._drop_unwritten(puts, exc)
         else:
             # A key changed again meanwhile (evicted, say) has its new op queued: that write
@@ -337,5 +339,6 @@ class BlockCache:
             await self._write_one_batch()
 
     def close(self) -> None:
+        self.writer.close()
         self._reader.close()
         self.store.close()

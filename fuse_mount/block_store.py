@@ -1,4 +1,4 @@
-"""The on-disk half of the block cache: LMDB on local NVMe, called from worker threads.
+"""The on-disk half of the block cache: LMDB on local NVMe, written by the cache's writer process.
 
 Keys are ``(file id, version, block)`` packed big-endian, so one file version's blocks sit
 together in key order; a new version of a file has new keys, so its old blocks can never be
@@ -191,6 +191,8 @@ class BlockStore:
     """Blocks and their last-use stamps in one LMDB environment."""
 
     def __init__(self, path: str, capacity: int) -> None:
+        self.path = path
+        self.capacity = capacity
         os.makedirs(path, exist_ok=True)
         self._open(path, capacity)
         old = self._old_format_blocks()
@@ -205,7 +207,7 @@ class BlockStore:
             log.warning("the cache in %s was written by an older NeuralCache (two pages per "
                         "block); removed it (%d blocks), they will be fetched again", path, old)
         self._thread_probe = ResidencyProbe()
-        self._map_base = _map_base(os.path.join(path, "data.mdb"))
+        self.map_base = _map_base(os.path.join(path, "data.mdb"))
         """Where LMDB mapped the cache file in this process, to turn a value's address into
         its offset in the file (which holds across mounts) and back; None if not found."""
 
@@ -331,7 +333,7 @@ class BlockStore:
                 txn.delete(packed, db=self._blocks)
                 txn.delete(packed, db=self._tails)
                 txn.delete(packed, db=self._stamps)
-            base = self._map_base
+            base = self.map_base
             for key, (stamp, size, address) in stamps.items():
                 offset = 0  # not known: the row still stands for the block
                 if address is not None and base is not None and address > base:
@@ -356,7 +358,7 @@ class BlockStore:
         cache: 544 MB paged in and 8.3 s, ``python -m bench.mount_index``). A row from an
         older cache holds only the stamp: its block counts as a whole one, its place unknown.
         """
-        base = self._map_base
+        base = self.map_base
         end = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
         entries: list[IndexEntry] = []
         with self.env.begin(db=self._stamps, buffers=True) as txn:

@@ -45,10 +45,11 @@ CACHE_CORRUPT_BLOCKS = Counter(
     "Cached blocks that failed their checksum on read; dropped and re-fetched.")
 CACHE_WRITE_ERRORS = Counter(
     "neuralcache_cache_write_errors_total",
-    "Batches of blocks that could not be written to the cache (disk or map full).")
+    "Batches of blocks that could not be written to the cache (disk or map full, or the "
+    "writer process gone).")
 CACHE_WRITE_SECONDS = Histogram(
     "neuralcache_cache_write_batch_seconds",
-    "Wall time of one batch of cache writes (one LMDB transaction in the writer thread), "
+    "Wall time of one batch of cache writes (one LMDB transaction in the writer process), "
     "from hand-off to return: a batch that takes long keeps its blocks in memory meanwhile.",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
 CACHE_WRITE_OPS = Histogram(

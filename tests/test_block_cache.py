@@ -6,14 +6,17 @@ reopens; each step runs in its own ``trio.run`` with the cache object carried ac
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import shutil
 import struct
+import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import lmdb
 import pytest
@@ -282,8 +285,33 @@ def test_a_corrupted_stored_block_is_dropped_not_served(
     cache.close()
 
 
-def test_a_failed_write_is_counted_and_its_blocks_are_not_held(tmp_path: Path) -> None:
-    cache = open_cache(tmp_path, capacity=64 * BLOCK_SIZE)
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KiB tmpfs: room for LMDB's own pages and a few blocks, not for a hundred more."""
+    path = tmp_path / "small-disk"
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def kill_writer(cache: BlockCache) -> None:
+    """SIGKILL the cache's writer process and wait until it is gone."""
+    pid = cache.writer.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+@pytest.mark.parametrize("failure", ["disk full", "writer killed"])
+def test_a_failed_write_is_counted_and_its_blocks_are_not_held(
+        tmp_path: Path, small_disk: Path, failure: str) -> None:
+    """A batch the writer cannot write (the disk is full, or the writer process died) is
+    counted and its blocks forgotten, to be fetched again; blocks written before stay."""
+    cache = open_cache(small_disk if failure == "disk full" else tmp_path, 1024 * BLOCK_SIZE)
     kept = BlockKey(1, 1, 0)
 
     async def fill_and_flush(keys: list[BlockKey]) -> None:
@@ -291,17 +319,24 @@ def test_a_failed_write_is_counted_and_its_blocks_are_not_held(tmp_path: Path) -
             cache.put(k, block_bytes(k, BLOCK_SIZE, 0))
         await cache.flush()
     run(fill_and_flush, [kept])
-    # Shrink the map to what is in use now, so the next batch cannot fit.
-    env = cache.store.env
-    env.set_mapsize(env.info()["last_pgno"] * env.stat()["psize"])
+    if failure == "writer killed":
+        kill_writer(cache)
     errors_before = metric("neuralcache_cache_write_errors_total")
-    lost = [BlockKey(2, 1, b) for b in range(40)]
+    lost = [BlockKey(2, 1, b) for b in range(200)]
     run(fill_and_flush, lost)
     assert metric("neuralcache_cache_write_errors_total") == errors_before + 1
     assert list(cache.policy.oldest_first()) == [kept]
     assert cache.policy.used == BLOCK_SIZE
     assert run(cache.get_many, [kept, *lost]) == {kept: block_bytes(kept, BLOCK_SIZE, 0)}
+    if failure == "writer killed":  # the next batch starts a new writer
+        again = BlockKey(3, 1, 0)
+        run(fill_and_flush, [again])
+        assert list(cache.policy.oldest_first()) == [kept, again]
     cache.close()
+    if failure == "writer killed":
+        reopened = open_cache(tmp_path)
+        assert list(reopened.policy.oldest_first()) == [kept, again]
+        reopened.close()
 
 
 @pytest.mark.parametrize("method", ["get_many", "read_run"])

@@ -1,0 +1,179 @@
+"""The cache's LMDB writes, in a process of their own.
+
+py-lmdb lets go of the GIL around every put, and a writer thread must then win it back from
+the event loop before its next one. With the loop busy serving reads that took a 4096-block
+batch from 0.08 s to several seconds (``python -m bench.write_contention``): during a cold
+hinted shuffle the unwritten blocks piled up to 12,000, and gathering each batch from them
+stopped the loop for up to a quarter of a second. A child process has a GIL of its own. The
+daemon hands it each batch over a socket pair, from a worker thread that waits with the GIL
+released, and gets back where each value landed, as an offset in the cache file (each process
+maps the file at its own address).
+
+Messages both ways are a 4-byte big-endian length and a msgpack body. A request is
+``[puts, deletes, stamps]`` (``[file, version, block, bytes]``, ``[file, version, block]``,
+``[file, version, block, stamp, size, offset or None]``); the answer ``["ok", [[file, version,
+block, offset], ...]]`` or ``["error", text]``. The child leaves when the socket closes, so it
+never outlives the daemon, even one killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from typing import Any, Iterable
+
+import msgpack
+
+from .block_store import BlockKey, BlockStore, KeyTuple
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct(">I")
+STOP_WAIT = 10.0
+"""Seconds the child gets to finish its batch and exit once its socket is closed."""
+
+
+class CacheWriteError(Exception):
+    """A batch was not written: the child reported an error (disk or map full) or went away."""
+
+
+def _send(sock: socket.socket, body: bytes) -> None:
+    sock.sendall(_LENGTH.pack(len(body)) + body)
+
+
+def _receive_exactly(sock: socket.socket, size: int) -> bytearray | None:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            return None
+        got += n
+    return buf
+
+
+def _receive(sock: socket.socket) -> bytearray | None:
+    """One message's body, or None if the other side closed the socket."""
+    head = _receive_exactly(sock, _LENGTH.size)
+    return None if head is None else _receive_exactly(sock, _LENGTH.unpack(head)[0])
+
+
+class CacheWriter:
+    """``BlockStore.write_batch`` for the daemon, run by a child process (started at the first
+    batch, and again at the batch after one that found it gone).
+
+    ``map_base`` is where this process maps the cache file (``BlockStore.map_base``): addresses
+    of values in this process's map go to the child as offsets in the file and come back so.
+    One batch at a time: the cache's write lock sees to that.
+    """
+
+    def __init__(self, path: str, capacity: int, map_base: int | None) -> None:
+        self._path = path
+        self._capacity = capacity
+        self._base = map_base
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id while one runs."""
+        return None if self._proc is None else self._proc.pid
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, str(theirs.fileno()), self._path,
+                 str(self._capacity)], pass_fds=[theirs.fileno()])
+        self._sock = ours
+        return ours
+
+    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey | KeyTuple],
+                    stamps: dict[BlockKey | KeyTuple, tuple[int, int, int | None]]
+                    ) -> dict[BlockKey, int]:
+        """Write one batch (all or nothing) and return where each put value now lies in this
+        process's map, as ``BlockStore.write_batch`` does; blocks until it is on disk."""
+        base = self._base
+        request = msgpack.packb([
+            [[*key, data] for key, data in puts.items()],
+            [list(key) for key in deletes],
+            [[*key, stamp, size,
+              address - base if address is not None and base is not None else None]
+             for key, (stamp, size, address) in stamps.items()]])
+        sock = self._sock or self._start()
+        try:
+            _send(sock, request)
+            answer = _receive(sock)
+        except OSError as exc:
+            self._stop()
+            raise CacheWriteError(f"the cache writer process is gone ({exc})") from exc
+        if answer is None:
+            self._stop()
+            raise CacheWriteError("the cache writer process exited")
+        status, result = msgpack.unpackb(answer)
+        if status != "ok":
+            raise CacheWriteError(result)
+        if base is None:
+            return {}
+        return {BlockKey(f, v, b): base + offset for f, v, b, offset in result}
+
+    def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            try:
+                self._proc.wait(STOP_WAIT)
+            except subprocess.TimeoutExpired:
+                log.error("the cache writer process did not exit; killing it")
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        """Let the child finish and exit (call after the last batch)."""
+        self._stop()
+
+
+def _write(store: BlockStore, request: Any) -> list[Any]:
+    puts, deletes, stamps = request
+    base = store.map_base
+    written = store.write_batch(
+        {BlockKey(f, v, b): data for f, v, b, data in puts},
+        [BlockKey(f, v, b) for f, v, b in deletes],
+        {BlockKey(f, v, b): (stamp, size,
+                             base + offset if offset is not None and base is not None else None)
+         for f, v, b, stamp, size, offset in stamps})
+    if base is None:
+        return []
+    return [[*key, address - base] for key, address in written.items()]
+
+
+def main(argv: list[str]) -> int:
+    """The child: write each batch that arrives until the socket closes."""
+    fd, path, capacity = int(argv[0]), argv[1], int(argv[2])
+    # A Ctrl-C at the daemon's terminal reaches its whole process group: the daemon then
+    # flushes its last blocks through this process, which must still be here to write them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sock = socket.socket(fileno=fd)
+    store = BlockStore(path, capacity)
+    try:
+        while (body := _receive(sock)) is not None:
+            try:
+                answer = ["ok", _write(store, msgpack.unpackb(body))]
+            except Exception as exc:  # fails this batch (the daemon logs it), not the writer
+                answer = ["error", f"{type(exc).__name__}: {exc}"]
+            _send(sock, msgpack.packb(answer))
+    except ConnectionError:
+        pass  # the daemon went away mid-batch (killed): what is committed stays, as after a crash
+    finally:
+        store.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
