@@ -49,6 +49,23 @@ class _Fetch:
     done: trio.Event = field(default_factory=trio.Event)
     blocks: dict[int, bytes] = field(default_factory=dict)
     error: BaseException | None = None
+    on_done: list[Callable[[bool], None]] = field(default_factory=list)
+    """Called with success once the fetch is done, after ``done`` is set."""
+
+
+class _Countdown:
+    """Calls ``on_done(ok)`` once ``left`` fetches are done, ``ok`` if none of them failed."""
+
+    def __init__(self, left: int, on_done: Callable[[bool], None]) -> None:
+        self.left = left
+        self.ok = True
+        self.on_done = on_done
+
+    def fetched(self, ok: bool) -> None:
+        self.ok = self.ok and ok
+        self.left -= 1
+        if self.left == 0:
+            self.on_done(self.ok)
 
 
 class BlockFetcher:
@@ -67,21 +84,39 @@ class BlockFetcher:
         """True while a fetch of the key (demand or prefetch) is on its way (a plain function:
         the prefetcher asks block by block)."""
 
-    async def prefetch(self, entry: MetaEntry, first: int, count: int) -> bool:
-        """Bring blocks ``[first, first + count)`` into the cache at prefetch priority.
+    def start_prefetch(self, entry: MetaEntry, first: int, count: int,
+                       on_done: Callable[[bool], None]) -> None:
+        """Start bringing blocks ``[first, first + count)`` into the cache at prefetch
+        priority; ``on_done(ok)`` is called once they are in, ``ok`` False if any fetch failed.
 
-        Blocks already cached or on their way are skipped; returns False if any fetch failed.
+        Blocks already cached or on their way are skipped (``on_done(True)`` at once if that
+        is all of them). No task waits for the fetches: a hinted shuffle starts one prefetch
+        per sample, and a task each was a sizeable part of the event loop's work.
         """
         end = min(first + count, block_count(entry.size))
         keys = (BlockKey(entry.file_id, entry.version, b) for b in range(first, end))
         new = [k.block for k in keys if k not in self.cache.policy and k not in self._inflight]
-        fetches = [self._start_fetches(entry, run.first, run.end, prefetch=True)
-                   for run in contiguous_runs(new)]
-        ok = True
-        for fetch in (f for group in fetches for f in group):
-            await fetch.done.wait()
-            ok = ok and fetch.error is None
-        return ok
+        fetches = [f for run in contiguous_runs(new)
+                   for f in self._start_fetches(entry, run.first, run.end, prefetch=True)]
+        if not fetches:
+            on_done(True)
+            return
+        fetched = _Countdown(len(fetches), on_done).fetched
+        for fetch in fetches:
+            fetch.on_done.append(fetched)
+
+    async def prefetch(self, entry: MetaEntry, first: int, count: int) -> bool:
+        """``start_prefetch``, waiting for it: True once every block is in, False if any fetch
+        failed."""
+        done = trio.Event()
+        result: list[bool] = []
+
+        def finished(ok: bool) -> None:
+            result.append(ok)
+            done.set()
+        self.start_prefetch(entry, first, count, finished)
+        await done.wait()
+        return result[0]
 
     async def read(self, entry: MetaEntry, offset: int, length: int) -> bytes:
         """``length`` bytes of ``entry`` at ``offset`` (fewer at end of file)."""
@@ -177,3 +212,5 @@ class BlockFetcher:
                 if self._inflight.get(key) is fetch:
                     del self._inflight[key]
             fetch.done.set()
+            for on_done in fetch.on_done:
+                on_done(fetch.error is None)

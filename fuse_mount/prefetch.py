@@ -27,6 +27,7 @@ until then.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import time
@@ -61,13 +62,6 @@ has fallen behind, and by the time it got to them they would describe the past."
 PUMP_BATCH = 8
 """Messages the pump hands to the prefetcher before it plans once and checkpoints: at 20-75 us
 each, a FUSE request that became ready meanwhile waits at most about half a millisecond."""
-MAX_PREFETCH_FETCHES = 1024
-"""Prefetch requests fetching at once. The planner's byte budget is the limit that matters;
-this one only bounds tasks, so it must not bind before the budget does even when every
-request is small: a hinted shuffle asks for one 16 KiB sample per request, and at 32 requests
-(512 KiB in flight, ~8 MB/s over 60 ms) the prefetch fell behind the loader, its link estimate
-fell with it (an app-limited controller measures what it is given) and most reads became
-demand fetches. 1024 requests of one 4 KiB block fill a 4 MiB budget."""
 TRACE_FLUSH_INTERVAL = 1.0
 """Seconds between trace flushes, so a killed daemon leaves at most this much unrecorded."""
 
@@ -145,7 +139,6 @@ class PrefetchPump:
         self._stream_end: tuple[int, int, int] | None = None  # last read's (handle, file, end)
         fetcher.on_miss = self.wake
         self._wake = trio.Event()
-        self._limiter = trio.CapacityLimiter(MAX_PREFETCH_FETCHES)
         self._nursery: trio.Nursery | None = None
         self._started = trio.current_time()
         self._published: dict[Any, int] = {}
@@ -254,7 +247,12 @@ class PrefetchPump:
     def _issue(self, requests: list[PrefetchRequest]) -> None:
         assert self._nursery is not None
         for request in requests:
-            self._nursery.start_soon(self._fetch, request)
+            entry = self._namespace.file(request.file_id)
+            if entry is None:
+                self._fetched(request, False)
+            else:
+                self._fetcher.start_prefetch(entry, request.first, request.count,
+                                             functools.partial(self._fetched, request))
         if self.prefetcher is not None:
             present = self.prefetcher.take_present()
             if present:
@@ -270,16 +268,10 @@ class PrefetchPump:
                 runs.append((file_id, entry.version, first, stop))
         await self._cache.page_in(runs)
 
-    async def _fetch(self, request: PrefetchRequest) -> None:
-        ok = False
-        try:
-            entry = self._namespace.file(request.file_id)
-            if entry is not None:
-                async with self._limiter:
-                    ok = await self._fetcher.prefetch(entry, request.first, request.count)
-        finally:
-            self._inbox.append((_DONE, request, ok))
-            self._wake.set()
+    def _fetched(self, request: PrefetchRequest, ok: bool) -> None:
+        """A prefetch is done (called by the fetcher): report it to the prefetcher."""
+        self._inbox.append((_DONE, request, ok))
+        self._wake.set()
 
     # cache hooks (called synchronously by BlockCache) ------------------------------------
     def _dropped(self, key: BlockKey) -> None:

@@ -5,7 +5,7 @@ prefetch pump (continuations of a stream merged and left for the tick, everythin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pytest
 import trio
@@ -44,7 +44,7 @@ def open_cache(path: Path) -> BlockCache:
     return BlockCache(BlockStore(str(path), 1 << 20), 1 << 20)
 
 
-def fill(cache: BlockCache, blocks: range) -> None:
+def fill(cache: BlockCache, blocks: Iterable[int]) -> None:
     for b in blocks:
         cache.put(BlockKey(ENTRY.file_id, ENTRY.version, b),
                   DATA[b * BLOCK_SIZE:(b + 1) * BLOCK_SIZE])
@@ -138,4 +138,52 @@ def test_hits_reach_the_prefetcher_on_the_tick_merged_and_misses_at_once(tmp_pat
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    cache.close()
+
+
+def test_a_prefetch_around_cached_blocks_reports_once_when_all_its_fetches_are_in(
+        tmp_path: Path) -> None:
+    """``start_prefetch`` starts one fetch per missing run and calls back once, after the last;
+    with nothing missing it calls back at once."""
+    cache = open_cache(tmp_path)
+    hub = FakeHub()
+    done: list[bool] = []
+
+    async def main() -> None:
+        fill(cache, [2, 5])
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, hub, nursery, hub_timeout=5.0)  # type: ignore[arg-type]
+            fetcher.start_prefetch(ENTRY, 0, 8, done.append)
+            assert done == []  # three fetches on their way: 0-1, 3-4 and 6-7
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == [True]
+            fetcher.start_prefetch(ENTRY, 1, 4, done.append)  # all cached now
+            assert done == [True, True]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert sorted(hub.reads) == [(0, 2), (3, 2), (6, 2)]
+    assert all(BlockKey(ENTRY.file_id, ENTRY.version, b) in cache.policy for b in range(8))
+    cache.close()
+
+
+def test_a_prefetch_whose_fetch_fails_reports_false(tmp_path: Path) -> None:
+    cache = open_cache(tmp_path)
+    done: list[bool] = []
+
+    class BrokenHub:
+        async def read(self, *args: Any, **kwargs: Any) -> bytes:
+            raise OSError("hub gone")
+
+    async def main() -> None:
+        fill(cache, [1])
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, BrokenHub(), nursery,  # type: ignore[arg-type]
+                                   hub_timeout=5.0)
+            fetcher.start_prefetch(ENTRY, 0, 3, done.append)  # fetches 0 and 2; both fail
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert done == [False]
     cache.close()
