@@ -28,12 +28,13 @@ returned. Callers see ``HubUnavailable``, ``ChecksumError`` or ``RemoteError`` -
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
@@ -119,6 +120,10 @@ ARRIVAL_POLL_PERIOD = 0.002
 (they are also read after every reply): a reply held back behind a lost segment is counted
 as delivered within this long of its arrival, not a round trip later (transport.arrivals)."""
 
+PREFETCH_EXPIRY_PERIOD = 1.0
+"""Seconds between checks for ``start_prefetch`` reads past their deadline: a prefetch's
+deadline is the mount's hub timeout (tens of seconds), so a second late is nothing."""
+
 WATCHDOG_PERIOD = 1.0
 """Longest interval between checks for requests older than ``attempt_timeout``."""
 
@@ -178,12 +183,15 @@ class _Read:
         self.finished = False
         self.error: BaseException | None = None
         self.changed = _Signal()
+        self.on_finish: Callable[[], None] | None = None
 
     def finish(self, error: BaseException | None = None) -> None:
         if not self.finished:
             self.finished = True
             self.error = error
             self.changed.fire()
+            if self.on_finish is not None:
+                self.on_finish()
 
     def add_part(self, first: int, count: int, data: bytes) -> None:
         """Verified blocks ``first .. first + count - 1`` are in; finish once all of them are."""
@@ -320,6 +328,7 @@ class HubClient:
         self._link_changed = _Signal()
         self._wake = _Signal()  # the dispatcher's: work queued, window opened, link changed
         self._nursery: trio.Nursery | None = None
+        self._expiring: dict[_Read, None] = {}  # start_prefetch reads not finished yet
         self._dialing = 0  # demand connections being dialled beyond the initial pool
         self._state_label: tuple[str, str] | None = None
         self._next_publish = -math.inf
@@ -356,6 +365,7 @@ class HubClient:
                 nursery.start_soon(self._keep_up, BULK, True, False, i)
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._arrival_poller)
+            nursery.start_soon(self._expire_prefetches)
             with trio.move_on_after(self.connect_timeout):
                 while not self._conns:
                     await self._link_changed.wait()
@@ -413,6 +423,38 @@ class HubClient:
             job.finished = True  # late replies (a hedge's twin) are dropped
             if job.priority == Priority.PREFETCH:
                 self._pipe.cancel(job)
+
+    def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
+                       deadline: float, on_done: Callable[[bytes | BaseException], None]
+                       ) -> None:
+        """``read`` at prefetch priority, with no task waiting for it: ``on_done`` gets the
+        verified bytes or the error, later, from the task that finished the read. A read still
+        unfinished at ``deadline`` fails with HubUnavailable (checked every
+        ``PREFETCH_EXPIRY_PERIOD``). A hinted shuffle prefetches one sample per read, and a
+        task each was a sizeable part of the event loop's work. ``count`` must be positive."""
+        job = _Read(file_id, version, first, count, Priority.PREFETCH, deadline)
+        job.on_finish = functools.partial(self._prefetched, job, on_done)
+        self._expiring[job] = None
+        self._pipe.submit(job, first, count)
+        self._wake.fire()
+
+    def _prefetched(self, job: _Read, on_done: Callable[[bytes | BaseException], None]
+                    ) -> None:
+        del self._expiring[job]
+        self._pipe.cancel(job)
+        try:
+            on_done(job.data() if job.error is None else job.error)
+        except Exception:  # the caller's bug: it must not take down the connection that
+            log.exception("a prefetch's completion callback failed")  # finished the read
+
+    async def _expire_prefetches(self) -> None:
+        """Fail the ``start_prefetch`` reads whose deadline passed."""
+        while True:
+            await trio.sleep(PREFETCH_EXPIRY_PERIOD)
+            now = trio.current_time()
+            expired = [job for job in self._expiring if job.deadline <= now]
+            for job in expired:
+                job.finish(HubUnavailable(f"no answer from hub {self.host}:{self.port} in time"))
 
     def expedite(self, file_id: int, version: int, first: int, count: int) -> int:
         """A reader now waits for blocks ``first .. first + count - 1``: those of them that

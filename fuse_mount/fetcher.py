@@ -11,6 +11,7 @@ demand request (``HubClient.expedite``).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Callable
@@ -33,12 +34,12 @@ _CACHE_LATENCY = metrics.READ_LATENCY.labels(metrics.SOURCE_CACHE)
 _HUB_LATENCY = metrics.READ_LATENCY.labels(metrics.SOURCE_HUB)
 
 
-DEMAND, PREFETCH = "demand", "prefetch"
-"""``HubClient.read`` priorities: a reader is waiting, or the prefetcher asked."""
-
-
 class ShortReadError(Exception):
     """The hub returned fewer bytes than the snapshot's size promises: the file changed."""
+
+
+class FetchCancelled(Exception):
+    """The fetch's task was cancelled (the daemon is stopping) before the hub answered."""
 
 
 @dataclass
@@ -176,41 +177,55 @@ class BlockFetcher:
 
     def _start_fetches(self, entry: MetaEntry, first: int, end: int, *,
                        prefetch: bool = False) -> list[_Fetch]:
-        """One fetch for the missing span (split only at the protocol's request size limit)."""
+        """One fetch for the missing span (split only at the protocol's request size limit).
+
+        The one place a fetch's priority reaches the client: a demand fetch is a task that
+        waits for ``HubClient.read``; a prefetch is queued and paced by the client, served by
+        the hub with what demand leaves, and lands through a callback, with no task of its own.
+        """
         fetches = []
+        deadline = trio.current_time() + self.hub_timeout
         for chunk in range(first, end, MAX_READ_BLOCKS):
             fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk), prefetch)
             for b in range(fetch.first, fetch.first + fetch.count):
                 self._inflight.setdefault(BlockKey(entry.file_id, entry.version, b), fetch)
-            self._nursery.start_soon(self._run, entry, fetch, prefetch)
+            if prefetch:
+                self.client.start_prefetch(entry.file_id, entry.version, fetch.first,
+                                           fetch.count, deadline=deadline,
+                                           on_done=functools.partial(self._landed, entry, fetch))
+            else:
+                self._nursery.start_soon(self._run, entry, fetch, deadline)
             fetches.append(fetch)
         return fetches
 
-    async def _hub_read(self, entry: MetaEntry, fetch: _Fetch, prefetch: bool) -> bytes:
-        """The one place a fetch's priority reaches the client: demand unless ``prefetch``
-        (queued and paced by the client, served by the hub with what demand leaves)."""
-        return await self.client.read(entry.file_id, entry.version, fetch.first, fetch.count,
-                                      deadline=trio.current_time() + self.hub_timeout,
-                                      priority=PREFETCH if prefetch else DEMAND)
-
-    async def _run(self, entry: MetaEntry, fetch: _Fetch, prefetch: bool) -> None:
+    async def _run(self, entry: MetaEntry, fetch: _Fetch, deadline: float) -> None:
+        result: bytes | BaseException = FetchCancelled("the fetch was cancelled")
         try:
-            data = await self._hub_read(entry, fetch, prefetch)
-            expected = min(fetch.count * BLOCK_SIZE, entry.size - fetch.first * BLOCK_SIZE)
-            if len(data) != expected:
-                raise ShortReadError(f"hub sent {len(data)} bytes of {entry.path!r} where the "
-                                     f"snapshot promises {expected}")
-            for i in range(fetch.count):
-                block = data[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
-                fetch.blocks[fetch.first + i] = block
-                self.cache.put(BlockKey(entry.file_id, entry.version, fetch.first + i), block)
+            result = await self.client.read(entry.file_id, entry.version, fetch.first,
+                                            fetch.count, deadline=deadline)
         except Exception as exc:  # handed to every waiting reader, which translates it
-            fetch.error = exc
+            result = exc
         finally:
-            for b in range(fetch.first, fetch.first + fetch.count):
-                key = BlockKey(entry.file_id, entry.version, b)
-                if self._inflight.get(key) is fetch:
-                    del self._inflight[key]
-            fetch.done.set()
-            for on_done in fetch.on_done:
-                on_done(fetch.error is None)
+            self._landed(entry, fetch, result)
+
+    def _landed(self, entry: MetaEntry, fetch: _Fetch, result: bytes | BaseException) -> None:
+        """A fetch's bytes (or why there are none) are in: hold the blocks, wake the waiters."""
+        if isinstance(result, BaseException):
+            fetch.error = result
+        else:
+            expected = min(fetch.count * BLOCK_SIZE, entry.size - fetch.first * BLOCK_SIZE)
+            if len(result) != expected:
+                fetch.error = ShortReadError(f"hub sent {len(result)} bytes of {entry.path!r} "
+                                             f"where the snapshot promises {expected}")
+            else:
+                for i in range(fetch.count):
+                    block = result[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
+                    fetch.blocks[fetch.first + i] = block
+                    self.cache.put(BlockKey(entry.file_id, entry.version, fetch.first + i), block)
+        for b in range(fetch.first, fetch.first + fetch.count):
+            key = BlockKey(entry.file_id, entry.version, b)
+            if self._inflight.get(key) is fetch:
+                del self._inflight[key]
+        fetch.done.set()
+        for on_done in fetch.on_done:
+            on_done(fetch.error is None)

@@ -259,6 +259,36 @@ async def test_a_stopped_hub_gives_hub_unavailable_and_a_restarted_one_is_redial
 
 
 @trio_test
+async def test_start_prefetch_calls_back_with_the_bytes_or_hub_unavailable_past_its_deadline(
+        export_dir: Path) -> None:
+    big = entry(export_dir, BIG)
+    results: list[bytes | BaseException] = []
+    landed = trio.Event()
+
+    def on_done(result: bytes | BaseException) -> None:
+        results.append(result)
+        landed.set()
+
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        async with running_client(hub.port, connect_timeout=1.0) as client:
+            client.start_prefetch(big.file_id, big.version, 3, 40,
+                                  deadline=trio.current_time() + 5, on_done=on_done)
+            await landed.wait()
+            assert results == [blocks_of(export_dir, BIG, 3, 40)]
+            hub.stop()
+            landed = trio.Event()
+            start = trio.current_time()
+            client.start_prefetch(big.file_id, big.version, 0, 1, deadline=start + 0.5,
+                                  on_done=on_done)
+            await landed.wait()
+            assert isinstance(results[1], HubUnavailable)
+            # Checked once a second (PREFETCH_EXPIRY_PERIOD): at most that late.
+            assert 0.5 <= trio.current_time() - start < 1.6
+            assert len(results) == 2
+
+
+@trio_test
 async def test_an_unreachable_hub_fails_the_client_start(export_dir: Path) -> None:
     async with trio.open_nursery() as nursery:
         hub = await start_hub(nursery, export_dir)

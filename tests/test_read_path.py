@@ -5,7 +5,7 @@ prefetch pump (continuations of a stream merged and left for the tick, everythin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import pytest
 import trio
@@ -38,6 +38,17 @@ class FakeHub:
                    **kwargs: Any) -> bytes:
         self.reads.append((first, count))
         return DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
+
+    def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
+                       deadline: float, on_done: Callable[[bytes | BaseException], None]
+                       ) -> None:
+        """As the real client does: the answer comes later, from another task."""
+        async def answer() -> None:
+            try:
+                on_done(await self.read(file_id, version, first, count))
+            except OSError as exc:
+                on_done(exc)
+        trio.lowlevel.spawn_system_task(answer)
 
 
 def open_cache(path: Path) -> BlockCache:
@@ -171,7 +182,7 @@ def test_a_prefetch_whose_fetch_fails_reports_false(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     done: list[bool] = []
 
-    class BrokenHub:
+    class BrokenHub(FakeHub):
         async def read(self, *args: Any, **kwargs: Any) -> bytes:
             raise OSError("hub gone")
 
