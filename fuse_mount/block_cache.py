@@ -309,15 +309,10 @@ class BlockCache:
             self._drop_unwritten(puts, exc)
         else:
             # A key changed again meanwhile (evicted, say) has its new op queued: that write
-            # will move or free the value, so its address is not worth keeping. The others'
-            # addresses go into their stamp rows with the next batch, so that the next mount
-            # knows them too (a later stamp of the key, if any, is the one kept).
-            placed = [(_held_key(k), a) for k, a in written.items()
-                      if k not in self._ops and k in self.policy]
-            self._addresses.update(placed)
-            for key, _ in placed:
-                if key in stamps:
-                    self._stamps.setdefault(key, stamps[key][0])
+            # will move or free the value, so its address is not worth keeping. (The writer
+            # put the others' addresses in their stamp rows, for the next mount.)
+            self._addresses.update((_held_key(k), a) for k, a in written.items()
+                                   if k not in self._ops and k in self.policy)
         finally:
             self._writing = {}
         if not self._ops:

@@ -320,9 +320,10 @@ class BlockStore:
                     ) -> dict[BlockKey, int]:
         """Apply one batch in one write transaction (all or nothing); returns where in the map
         each put value now lies (see ``read_run_resident``). ``stamps`` maps a key to its
-        last-use stamp, its block's size and its value's address if known (a put's is known
-        only after its batch: it is recorded with the key's next stamp row). A key's stamp row
-        must be written with or after its block, so every row stands for a stored block."""
+        last-use stamp, its block's size and its value's address if known. A put's address is
+        known only once its transaction is committed: a second one records it in the stamp
+        row the batch gives the put. A key's stamp row must be written with or after its
+        block, so every row stands for a stored block."""
         with self.env.begin(write=True) as txn:
             for key, data in puts.items():
                 packed = _KEY.pack(*key)
@@ -347,6 +348,12 @@ class BlockStore:
                 value = txn.get(_KEY.pack(*key))
                 if value is not None:
                     addresses[key] = buffer_address(value)
+        placed = [(key, address) for key, address in addresses.items() if key in stamps]
+        if placed and base is not None:
+            with self.env.begin(write=True, db=self._stamps) as txn:
+                for key, address in placed:
+                    stamp, size, _ = stamps[key]
+                    txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, address - base))
         return addresses
 
     def index(self) -> list[IndexEntry]:

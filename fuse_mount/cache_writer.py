@@ -10,10 +10,11 @@ released, and gets back where each value landed, as an offset in the cache file 
 maps the file at its own address).
 
 Messages both ways are a 4-byte big-endian length and a msgpack body. A request is
-``[puts, deletes, stamps]`` (``[file, version, block, bytes]``, ``[file, version, block]``,
-``[file, version, block, stamp, size, offset or None]``); the answer ``["ok", [[file, version,
-block, offset], ...]]`` or ``["error", text]``. The child leaves when the socket closes, so it
-never outlives the daemon, even one killed with SIGKILL.
+``[base, put keys, put bytes, delete keys, stamp keys, stamp values]``: the daemon's map
+address, then flat lists (three ints per key; stamp, size and address or None per stamp row,
+addresses in the daemon's map). The answer is ``["ok", offsets]``, each put's value's offset
+in the file in the puts' order, or ``["error", text]``. The child leaves when the socket
+closes, so it never outlives the daemon, even one killed with SIGKILL.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import socket
 import struct
 import subprocess
 import sys
+from itertools import chain
 from typing import Any, Iterable
 
 import msgpack
@@ -97,13 +99,11 @@ class CacheWriter:
                     ) -> dict[BlockKey, int]:
         """Write one batch (all or nothing) and return where each put value now lies in this
         process's map, as ``BlockStore.write_batch`` does; blocks until it is on disk."""
-        base = self._base
+        # Flat lists, built in C: a list per key cost the loop more than the rest of a batch.
         request = msgpack.packb([
-            [[*key, data] for key, data in puts.items()],
-            [list(key) for key in deletes],
-            [[*key, stamp, size,
-              address - base if address is not None and base is not None else None]
-             for key, (stamp, size, address) in stamps.items()]])
+            self._base, list(chain.from_iterable(puts)), list(puts.values()),
+            list(chain.from_iterable(deletes)),
+            list(chain.from_iterable(stamps)), list(chain.from_iterable(stamps.values()))])
         sock = self._sock or self._start()
         try:
             _send(sock, request)
@@ -117,9 +117,10 @@ class CacheWriter:
         status, result = msgpack.unpackb(answer)
         if status != "ok":
             raise CacheWriteError(result)
+        base = self._base
         if base is None:
             return {}
-        return {BlockKey(f, v, b): base + offset for f, v, b, offset in result}
+        return {key: base + offset for key, offset in zip(puts, result) if offset is not None}
 
     def _stop(self) -> None:
         if self._sock is not None:
@@ -139,18 +140,26 @@ class CacheWriter:
         self._stop()
 
 
-def _write(store: BlockStore, request: Any) -> list[Any]:
-    puts, deletes, stamps = request
+def _triples(flat: list[Any]) -> list[Any]:
+    """``[a, b, c, d, e, f]`` -> ``[(a, b, c), (d, e, f)]``."""
+    return list(zip(*[iter(flat)] * 3))
+
+
+def _write(store: BlockStore, request: Any) -> list[int | None]:
+    """Write one request; the offset of each put's value in the file, in the puts' order."""
+    their_base, put_keys, datas, deletes, stamp_keys, stamp_values = request
     base = store.map_base
-    written = store.write_batch(
-        {BlockKey(f, v, b): data for f, v, b, data in puts},
-        [BlockKey(f, v, b) for f, v, b in deletes],
-        {BlockKey(f, v, b): (stamp, size,
-                             base + offset if offset is not None and base is not None else None)
-         for f, v, b, stamp, size, offset in stamps})
+    shift = None if base is None or their_base is None else base - their_base
+    puts = dict(zip(map(BlockKey._make, _triples(put_keys)), datas))
+    stamps = {BlockKey._make(key): (stamp, size,
+                                    address + shift if address is not None
+                                    and shift is not None else None)
+              for key, (stamp, size, address) in zip(_triples(stamp_keys),
+                                                     _triples(stamp_values))}
+    written = store.write_batch(puts, [BlockKey._make(k) for k in _triples(deletes)], stamps)
     if base is None:
         return []
-    return [[*key, address - base] for key, address in written.items()]
+    return [None if (address := written.get(key)) is None else address - base for key in puts]
 
 
 def main(argv: list[str]) -> int:

@@ -31,9 +31,13 @@ def test_a_batch_lands_where_the_writer_says_in_this_processs_map(tmp_path: Path
     assert data == b"".join(blocks.values())
     assert store.map_base is not None
     assert [placed[k] for k in blocks] == addresses
-    # Stamp rows record the places (as offsets in the file): the next mount knows them.
+    # The puts' stamp rows record their places (as offsets in the file): the next mount
+    # knows them. So do later rows that carry an address of this process's map.
+    where = {tuple(k): placed[k] for k in blocks}
+    assert {e.key: e.address for e in store.index()} == where
     writer.write_batch({}, [], {k: (2, BLOCK_SIZE, placed[k]) for k in blocks})
-    assert {e.key: e.address for e in store.index()} == {tuple(k): placed[k] for k in blocks}
+    assert {e.key: (e.stamp, e.address) for e in store.index()} == {
+        k: (2, a) for k, a in where.items()}
     # Deletes go through the writer too.
     writer.write_batch({}, list(blocks)[:4], {})
     assert [e.key for e in store.index()] == [tuple(k) for k in list(blocks)[4:]]
