@@ -68,9 +68,10 @@ class CacheWriter:
     """``BlockStore.write_batch`` for the daemon, run by a child process (started at the first
     batch, and again at the batch after one that found it gone).
 
-    ``map_base`` is where this process maps the cache file (``BlockStore.map_base``): addresses
-    of values in this process's map go to the child as offsets in the file and come back so.
-    One batch at a time: the cache's write lock sees to that.
+    ``map_base`` is where this process maps the cache file (``BlockStore.map_base``): it goes
+    to the child with the addresses in this process's map, which the child turns into its own;
+    the child answers with offsets in the file. One batch at a time: the cache's write lock
+    sees to that.
     """
 
     def __init__(self, path: str, capacity: int, map_base: int | None) -> None:
@@ -98,8 +99,10 @@ class CacheWriter:
                     stamps: dict[BlockKey | KeyTuple, tuple[int, int, int | None]]
                     ) -> dict[BlockKey, int]:
         """Write one batch (all or nothing) and return where each put value now lies in this
-        process's map, as ``BlockStore.write_batch`` does; blocks until it is on disk."""
-        # Flat lists, built in C: a list per key cost the loop more than the rest of a batch.
+        process's map, as ``BlockStore.write_batch`` does; blocks until the child has
+        committed it."""
+        # Flat lists, built in C rather than a list per key in Python: this holds the GIL,
+        # which the event loop wants.
         request = msgpack.packb([
             self._base, list(chain.from_iterable(puts)), list(puts.values()),
             list(chain.from_iterable(deletes)),

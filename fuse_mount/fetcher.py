@@ -3,7 +3,8 @@
 All readers waiting for the same missing block share one fetch: the first reader registers a
 fetch for the whole missing span and every later reader of any block in it waits on that
 fetch. Fetches run in the daemon's nursery, so a reader that goes away never strands others.
-Prefetches use the same machinery at prefetch priority: a reader that reaches a block while
+Prefetches use the same machinery at prefetch priority, without a task: the hub client calls
+back when one lands (``HubClient.start_prefetch``). A reader that reaches a block while
 its prefetch is on the way waits for that fetch instead of asking the hub a second time, and
 if the request for it has not left the client's prefetch queue yet, has it sent at once as a
 demand request (``HubClient.expedite``).
