@@ -397,7 +397,7 @@ class HubClient:
             if isinstance(sent.reply, ErrorReply):
                 raise RemoteError(sent.reply.code, sent.reply.message)
             if trio.current_time() >= deadline:
-                raise HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
+                raise self._no_answer()
             metrics.HUB_FETCH_RETRIES.inc()
 
     async def read(self, file_id: int, version: int, first: int, count: int, *,
@@ -417,7 +417,7 @@ class HubClient:
             else:
                 await self._drive_demand(job, deadline)
             if not job.finished:
-                raise HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
+                raise self._no_answer()
             if job.error is not None:
                 raise job.error
             return job.data()
@@ -425,6 +425,10 @@ class HubClient:
             job.finished = True  # late replies (a hedge's twin) are dropped
             if job.priority == Priority.PREFETCH:
                 self._pipe.cancel(job)
+
+    def _no_answer(self) -> HubUnavailable:
+        """The error of a read the hub did not answer by its deadline."""
+        return HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
 
     def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
                        deadline: float, on_done: Callable[[bytes | BaseException], None]
@@ -456,7 +460,7 @@ class HubClient:
             now = trio.current_time()
             expired = [job for job in self._expiring if job.deadline <= now]
             for job in expired:
-                job.finish(HubUnavailable(f"no answer from hub {self.host}:{self.port} in time"))
+                job.finish(self._no_answer())
 
     def expedite(self, file_id: int, version: int, first: int, count: int) -> int:
         """A reader now waits for blocks ``first .. first + count - 1``: those of them that
