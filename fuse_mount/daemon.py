@@ -138,6 +138,7 @@ async def _watch_signals() -> None:
 async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
     """Mount and serve until unmounted or signalled. ``ready`` is called once the mount answers."""
     prepare_mountpoint(cfg.mountpoint)
+    metrics.LOOP_THREAD.watch()
     with cache_lock(cfg.cache_dir), ExitStack() as files:
         trace_out = None
         if cfg.record_trace:

@@ -7,6 +7,10 @@ import time
 from typing import Callable
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector
+
+from .loop_load import LoopThread, ThreadTimes
 
 SOURCE_CACHE = "cache"
 SOURCE_HUB = "hub"
@@ -103,6 +107,41 @@ HINT_RECORDS = Counter(
 HINT_ERRORS = Counter(
     "neuralcache_prefetch_hint_errors_total",
     "Writes to the control file rejected as malformed hint data (EINVAL).")
+
+
+class LoopLoadMetrics(Collector):
+    """The event loop's load (``loop_load``): its thread's scheduler times, read when scraped.
+    No samples before the loop is watched or where the kernel keeps no such times."""
+
+    def __init__(self, loop: LoopThread) -> None:
+        self.loop = loop
+
+    def describe(self) -> list[Metric]:
+        return self._families(None)
+
+    def collect(self) -> list[Metric]:
+        return self._families(self.loop.times())
+
+    @staticmethod
+    def _families(times: ThreadTimes | None) -> list[Metric]:
+        cpu = CounterMetricFamily(
+            "neuralcache_loop_cpu_seconds",
+            "CPU time of the thread that runs the daemon's event loop (every FUSE request, the "
+            "prefetcher, the hub client).")
+        waiting = CounterMetricFamily(
+            "neuralcache_loop_runqueue_seconds",
+            "Time the event loop's thread was ready to run but waited for a CPU. The rates of "
+            "this and loop_cpu_seconds added up near 1: the loop is saturated.")
+        if times is not None:
+            cpu.add_metric([], times.cpu_seconds)
+            waiting.add_metric([], times.runqueue_seconds)
+        return [cpu, waiting]
+
+
+LOOP_THREAD = LoopThread()
+"""The thread of this process's event loop: the daemon watches it when its loop starts."""
+LOOP_LOAD_METRICS = LoopLoadMetrics(LOOP_THREAD)
+REGISTRY.register(LOOP_LOAD_METRICS)
 
 
 def metadata_loaded(entries: int, clock: Callable[[], float] = time.monotonic) -> None:

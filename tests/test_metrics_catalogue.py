@@ -19,6 +19,7 @@ import pytest
 from prometheus_client import Counter
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
 from prometheus_client.samples import Sample
 
 import fabric.metrics
@@ -56,7 +57,8 @@ def exposed_name(family_name: str, kind: str) -> str:
 
 
 def module_entries(*modules: ModuleType) -> dict[str, Entry]:
-    """Every metric the modules define, keyed by exposed name."""
+    """Every metric the modules define, keyed by exposed name: metric objects, and the families
+    of collectors that read their values at scrape time (unlabelled)."""
     out = {}
     for module in modules:
         for obj in vars(module).values():
@@ -64,6 +66,11 @@ def module_entries(*modules: ModuleType) -> dict[str, Entry]:
                 family = obj.describe()[0]
                 name = exposed_name(family.name, family.type)
                 out[name] = Entry(name, family.type, tuple(obj._labelnames), family.documentation)
+            elif (callable(getattr(obj, "describe", None))
+                  and not isinstance(obj, (type, CollectorRegistry))):
+                for family in obj.describe():
+                    name = exposed_name(family.name, family.type)
+                    out[name] = Entry(name, family.type, (), family.documentation)
     return out
 
 
@@ -323,6 +330,11 @@ def test_live_hub_and_spoke_serve_the_catalogue_and_it_adds_up(
     assert value(cold, "neuralcache_fabric_connections", role="demand") >= 1
     assert value(cold, "neuralcache_fabric_pacing_rate_bytes_per_second") > 0
     demand_requests = value(cold, "neuralcache_fabric_requests_total", priority="demand")
+    # The loop's thread is the one watched: it ran (this process's loop did all the reads),
+    # and for less than the daemon has lived (the snapshot's age is most of that life).
+    assert 0 < value(cold, "neuralcache_loop_cpu_seconds_total") < (
+        value(cold, "neuralcache_metadata_sync_age_seconds") + 5)
+    assert len(cold["neuralcache_loop_runqueue_seconds_total"][2]) == 1  # a sample, not none
 
     assert value(hub_side, "neuralcache_hub_connected_spokes") == 1
     assert value(hub_side, "neuralcache_hub_requests_total", kind="meta") >= 1

@@ -1,0 +1,50 @@
+"""How busy the daemon's event loop is, from the kernel's scheduler statistics of its thread.
+
+Every read of the mount, the prefetcher, the hub client's requests and replies and the cache's
+hand-offs share one trio loop. When that loop has work nearly all the time, a FUSE request
+waits behind the work queued before it, and readers slow down while the daemon's CPU stays below
+one core: the loop may also be waiting for a core the data loader's workers hold. The kernel
+counts both for every thread (``/proc/PID/task/TID/schedstat``: time on a CPU, time runnable but
+waiting for one), so they are read when scraped, at no cost to the loop itself (a trio
+instrument would run twice in every scheduler round).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+NANOSECONDS = 1e9
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """Seconds a thread has run on a CPU, and waited, runnable, for one."""
+
+    cpu_seconds: float
+    runqueue_seconds: float
+
+
+def thread_times(tid: int) -> ThreadTimes | None:
+    """The scheduler's times for thread ``tid`` of this process; None where the kernel keeps
+    none (no ``/proc``, or a kernel built without scheduler statistics) or the thread is gone."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            on_cpu, waiting, _slices = f.read().split()
+        return ThreadTimes(int(on_cpu) / NANOSECONDS, int(waiting) / NANOSECONDS)
+    except (OSError, ValueError):
+        return None
+
+
+class LoopThread:
+    """The thread that runs the daemon's event loop, once ``watch`` was called on it."""
+
+    def __init__(self) -> None:
+        self.tid: int | None = None
+
+    def watch(self) -> None:
+        """Call from the loop's own thread."""
+        self.tid = threading.get_native_id()
+
+    def times(self) -> ThreadTimes | None:
+        return None if self.tid is None else thread_times(self.tid)

@@ -1,0 +1,75 @@
+"""The event loop's load: the kernel's scheduler times of a thread, read from /proc, against
+what the thread did (spun on a CPU; spun on a CPU another process also wants)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from fuse_mount.loop_load import LoopThread, ThreadTimes, thread_times
+from fuse_mount.metrics import LoopLoadMetrics
+
+SPIN_SECONDS = 0.2
+"""Wall time each test thread spins for."""
+CLOCK_SLACK = 0.02
+"""Allowed difference between two readings of one thread's CPU time (schedstat, thread_time):
+both come from the scheduler's runtime of the thread, read moments apart."""
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _times() -> ThreadTimes:
+    times = thread_times(threading.get_native_id())
+    assert times is not None, "this kernel keeps no scheduler times per thread"
+    return times
+
+
+def test_cpu_time_is_the_threads_own() -> None:
+    before, cpu_before = _times(), time.thread_time()
+    _spin(SPIN_SECONDS)
+    after, cpu_after = _times(), time.thread_time()
+    spent = after.cpu_seconds - before.cpu_seconds
+    assert spent > 0
+    assert abs(spent - (cpu_after - cpu_before)) < CLOCK_SLACK
+
+
+def test_waiting_for_a_cpu_another_process_holds_counts_as_runqueue_time() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0)
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(rival.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # this thread only
+        before = _times()
+        _spin(SPIN_SECONDS)
+        after = _times()
+    finally:
+        os.sched_setaffinity(0, allowed)
+        rival.kill()
+        rival.wait()
+    assert after.runqueue_seconds > before.runqueue_seconds
+
+
+def test_no_times_for_a_thread_not_watched_or_gone() -> None:
+    assert LoopThread().times() is None
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    done.join()
+    assert done.native_id is not None and thread_times(done.native_id) is None
+
+
+def test_the_collector_serves_the_watched_threads_times() -> None:
+    loop = LoopThread()
+    metrics = LoopLoadMetrics(loop)
+    assert [f.samples for f in metrics.collect()] == [[], []]  # nothing before the watch
+    loop.watch()
+    samples = {f.name: f.samples[0].value for f in metrics.collect()}
+    assert set(samples) == {"neuralcache_loop_cpu_seconds", "neuralcache_loop_runqueue_seconds"}
+    assert samples["neuralcache_loop_cpu_seconds"] > 0
