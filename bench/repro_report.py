@@ -12,8 +12,8 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, 
                                    Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, HINT_RECORDS, PREFETCH_ISSUED,
                                PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES, RunRecord, RunSummary,
-                               Spread, cold_start_share, metric_total, spread, summarize,
-                               total_seconds, window_rate)
+                               Spread, cold_start_share, loop_load, metric_total, spread,
+                               summarize, total_seconds, window_rate)
 
 PLOT_WINDOW = 20
 """Batches per point of the plotted samples/s (a rolling window smooths the step jitter)."""
@@ -87,15 +87,18 @@ def _table(head: list[str], body: list[list[str]]) -> str:
 
 
 def spoke_table(runs: Runs) -> str:
-    """Where the spoke's bytes came from and what its prefetcher did, per spoke scenario."""
+    """Where the spoke's bytes came from, what its prefetcher did and how busy its event loop
+    was, per spoke scenario."""
     head = ["scenario", "read from cache (MB)", "served from hub fetches (MB)",
-            "prefetch issued (MB)", "prefetch useful (MB)", "hint records"]
+            "prefetch issued (MB)", "prefetch useful (MB)", "hint records",
+            "daemon's event loop: on a CPU + waiting for one"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in VARIANTS:
         for key in _ordered_keys(runs, variant):
-            deltas = [r.metrics for _, r in sorted(runs[key].items()) if r.metrics is not None]
-            if not deltas:
+            records = [r for _, r in sorted(runs[key].items()) if r.metrics is not None]
+            if not records:
                 continue
+            deltas = [r.metrics for r in records if r.metrics is not None]
 
             def col(name: str, scale: float = 1e-6, digits: int = 1, **labels: str) -> str:
                 return _fmt(spread(metric_total(d, name, **labels) for d in deltas), scale,
@@ -104,8 +107,19 @@ def spoke_table(runs: Runs) -> str:
                 f"{variant}, {Scenario.parse(key).label}",
                 col(READ_BYTES, source="cache"), col(READ_BYTES, source="hub"),
                 col(PREFETCH_ISSUED), col(PREFETCH_USEFUL),
-                col(HINT_RECORDS, scale=1, digits=0)]) + " |")
+                col(HINT_RECORDS, scale=1, digits=0),
+                _loop_load_cell(records)]) + " |")
     return "\n".join(lines)
+
+
+def _loop_load_cell(records: list[RunRecord]) -> str:
+    """"busy: on a CPU + waiting for one", each a spread over the repeats."""
+    loads = [load for load in map(loop_load, records) if load is not None]
+    if not loads:
+        return "–"
+    return (f"{_fmt(spread(c + w for c, w in loads), 100, 0, ' %')}: "
+            f"{_fmt(spread(c for c, _ in loads), 100, 0, ' %')} + "
+            f"{_fmt(spread(w for _, w in loads), 100, 0, ' %')}")
 
 
 def checks_table(found: list[Check]) -> str:

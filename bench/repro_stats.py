@@ -46,9 +46,12 @@ WRITE_BATCHES = ("neuralcache_cache_write_batch_seconds_bucket",
                  "neuralcache_cache_write_batch_seconds_sum",
                  "neuralcache_cache_write_batch_ops_sum")
 """The cache writer's batches: how long they took (histogram) and how many blocks they held."""
+LOOP_CPU = "neuralcache_loop_cpu_seconds_total"
+LOOP_RUNQUEUE = "neuralcache_loop_runqueue_seconds_total"
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
-                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, *WRITE_BATCHES)
+                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, *WRITE_BATCHES,
+                LOOP_CPU, LOOP_RUNQUEUE)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 
@@ -141,6 +144,16 @@ def hit_ratio(delta: dict[str, float]) -> float | None:
     """Share of the blocks reads needed that were in the local cache (None: no reads)."""
     hits, misses = metric_total(delta, HITS), metric_total(delta, MISSES)
     return hits / (hits + misses) if hits + misses else None
+
+
+def loop_load(record: RunRecord) -> tuple[float, float] | None:
+    """Shares of the run the daemon's event loop spent on a CPU and waiting for one (its thread's
+    times between the scrapes just before and after the loop, over the loop's own time; None:
+    not our mount, or no such times)."""
+    if record.metrics is None or LOOP_CPU not in record.metrics:
+        return None
+    return (record.metrics[LOOP_CPU] / record.probe_seconds,
+            record.metrics.get(LOOP_RUNQUEUE, 0.0) / record.probe_seconds)
 
 
 def latency_buckets(delta: dict[str, float]) -> list[tuple[float, float]]:

@@ -19,7 +19,8 @@ from bench.repro_loader import SHUFFLED, LoopConfig, LoopTrace, run_loop
 from bench.repro_report import markdown, rolling_rate
 from bench.repro_scenarios import (COLD, LOCAL, SEQUENTIAL, SPOKE, WARM, Scenario,
                                    checks)
-from bench.repro_stats import (HITS, LATENCY_BUCKET, MISSES, RunRecord, cold_start_share,
+from bench.repro_stats import (HITS, LATENCY_BUCKET, LOOP_CPU, LOOP_RUNQUEUE, MISSES,
+                               RunRecord, cold_start_share,
                                histogram_quantile, hit_ratio, latency_buckets, metrics_delta,
                                summarize, waiting_share, window_rate)
 
@@ -159,7 +160,8 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
                                                        local, 4.0)},
         Scenario(SEQUENTIAL, SPOKE, COLD).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, COLD).key, 0, _trace([0.03] * 100 + [0.02] * 100), 5.0,
-            wan_down_bytes=10**8, wan_up_bytes=10**6, metrics={HITS: 50.0, MISSES: 50.0})},
+            wan_down_bytes=10**8, wan_up_bytes=10**6,
+            metrics={HITS: 50.0, MISSES: 50.0, LOOP_CPU: 3.0, LOOP_RUNQUEUE: 1.0})},
         Scenario(SEQUENTIAL, SPOKE, WARM).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, WARM).key, 0, local, 4.0, wan_down_bytes=0,
             wan_up_bytes=0, metrics={HITS: 100.0, MISSES: 0.0})},
@@ -173,6 +175,10 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     assert summary.link_use == pytest.approx(10**8 * 8 / (200e6 * 5.0))
     text = markdown(runs, 200e6, "header")
     assert "| spoke cold |" in text and "| spoke warm |" in text
+    # The cold run's loop ran 3 s of its 5 s and waited 1 s for a core; the warm run's daemon
+    # did not report its loop.
+    assert "| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 80 %: 60 % + 20 % |" in text
+    assert "| sequential, spoke warm | 0.0 | 0.0 | 0.0 | 0.0 | 0 | – |" in text
     assert "### I/O bound" not in text  # no table for a variant that was not run
     assert rolling_rate(local.done, 24, window=20)[-1] == pytest.approx(1200)
 
