@@ -57,7 +57,8 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, RCLONE, SEQUENTIAL, SH
 from bench.repro_stats import (HINT_RECORDS, RunRecord, link_counter, metric_total, metrics_delta,
                                summarize)
 from bench.transport import configure_node
-from bench.wan import SPOKE as SPOKE_SIDE, LinkSpec, WanLink, parse_rate, parse_rtt
+from bench.wan import (DEFAULT_MTU, SPOKE as SPOKE_SIDE, LinkSpec, WanLink, parse_rate,
+                       parse_rtt)
 from fuse_mount.cli import parse_size
 from neuralcache.hints import HintedSampler
 
@@ -300,7 +301,8 @@ def header(meta: dict[str, Any], runs: Runs) -> str:
         f"{loop['prefetch_factor']}, GPU step: {loop['step_kind']} {loop['step_seconds'] * 1e3:g}"
         f" ms, {loop['batches']} batches (I/O bound: {meta['io_batches']})",
         f"- link: {link['rtt'] * 1e3:g} ms RTT, {link['rate_bps'] / 1e6:g} Mbit/s, loss "
-        f"{link['loss']:g}; spoke cache {meta['cache_size'] / 2**20:.0f} MiB; "
+        f"{link['loss']:g}, MTU {link.get('mtu', DEFAULT_MTU)}; "
+        f"spoke cache {meta['cache_size'] / 2**20:.0f} MiB; "
         f"{meta['rclone']}; torch {meta['torch']}",
         f"- {repeats} repeat(s); cells are median [min–max] over repeats; ratios are taken "
         "within a repeat. Shuffled hints: " + hints,
@@ -340,7 +342,7 @@ def _meta(args: argparse.Namespace, layout: ShardLayout, spec: LinkSpec, config:
         "command": "python -m bench.repro " + shlex.join(sys.argv[1:]),
         "layout": {**asdict(layout), "total_bytes": layout.total_bytes},
         "loop": asdict(config), "io_batches": io_batches,
-        "link": {"rtt": spec.rtt, "rate_bps": spec.rate_bps, "loss": spec.loss},
+        "link": {"rtt": spec.rtt, "rate_bps": spec.rate_bps, "loss": spec.loss, "mtu": spec.mtu},
         "cache_size": cache_size, "torch": torch.__version__,
         "rclone": _command_output(["rclone", "version"]).splitlines()[0],
     }
@@ -377,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtt", type=parse_rtt, default=parse_rtt("60ms"), help="[60ms]")
     p.add_argument("--rate", type=parse_rate, default=parse_rate("200mbit"), help="[200mbit]")
     p.add_argument("--loss", type=float, default=0.0)
+    p.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                   help="packet size of the emulated link [%(default)s]; the emulator forwards "
+                   "each packet in Python on the machine's own cores, so larger ones leave the "
+                   "spoke more CPU (bench.wan)")
     p.add_argument("--variants", type=_csv(VARIANTS), default=list(VARIANTS),
                    help=f"[{','.join(VARIANTS)}]")
     p.add_argument("--targets", type=_csv(TARGETS), default=list(TARGETS),
@@ -445,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{seconds:.1f} s", flush=True)
     epoch = layout.samples // args.batch_size
     io_batches = args.io_batches = min(args.io_batches or epoch, epoch)
-    spec = LinkSpec(rtt=args.rtt, rate_bps=args.rate, loss=args.loss)
+    spec = LinkSpec(rtt=args.rtt, rate_bps=args.rate, loss=args.loss, mtu=args.mtu)
     print(f"dataset {layout.shards} x {layout.windows} windows ({layout.total_bytes / 2**20:.0f}"
           f" MiB, {layout.samples} samples of {WINDOW_BYTES // 1024} KiB, {epoch} batches); "
           f"link {spec.rtt * 1e3:g} ms / {spec.rate_bps / 1e6:g} Mbit/s; {repeats} repeat(s)",

@@ -84,6 +84,8 @@ ENV_SPOKE_NS = "NEURALCACHE_WAN_SPOKE_NS"
 ENV_HUB_ADDR = "NEURALCACHE_WAN_HUB_ADDR"
 ENV_SPOKE_ADDR = "NEURALCACHE_WAN_SPOKE_ADDR"
 
+DEFAULT_MTU = 1500
+"""The link's packet size: an Ethernet path's, as on a real WAN."""
 _TUNSETIFF = 0x400454CA  # _IOW('T', 202, int) from <linux/if_tun.h>
 _IFF_TUN = 0x0001  # layer-3 device: reads/writes are bare IP packets
 _IFF_NO_PI = 0x1000  # no 4-byte packet-info header in front of each packet
@@ -122,7 +124,7 @@ class LinkSpec:
     rate_bps: float  # bits per second, each direction
     loss: float = 0.0  # random loss probability per packet, each direction
     queue_bytes: int | None = None  # tail-drop queue bound per direction; default derived from BDP
-    mtu: int = 1500
+    mtu: int = DEFAULT_MTU
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -497,7 +499,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--loss", type=float, default=0.0, help="loss probability per packet")
     parser.add_argument("--queue-ms", type=float, default=None,
                         help="tail-drop queue bound in ms at the rate (default: 1 BDP)")
-    parser.add_argument("--mtu", type=int, default=1500)
+    parser.add_argument("--mtu", type=int, default=DEFAULT_MTU)
     parser.add_argument("--seed", type=int, default=None, help="seed of the loss RNG")
     parser.add_argument("--check", action="store_true",
                         help="instead of COMMAND, measure RTT and rate and print asked vs measured")
