@@ -18,6 +18,9 @@ measured is CPU, as in the warm rows of ``bench.throughput``):
   pages in RAM up to its limit) and through its reader thread;
 - ``BlockFetcher.read`` of 1 MiB and 16 KiB, every block a hit, cache writer running as in the
   daemon (it persists the stamps those hits leave);
+- a prefetch from ``BlockFetcher.start_prefetch`` until its blocks are in the cache, with a
+  stand-in hub client that answers at once (the fetcher's and the cache's bookkeeping of
+  fetching, no network, no writes: the writer is not running), for 64 blocks and 4;
 - for comparison, the same bytes stored as 64 KiB LMDB values with one checksum each (a layout
   the spoke does not use): a 1 MiB and a 16 KiB read.
 
@@ -63,6 +66,28 @@ WRITE_BATCH = 4096
 FILE_ID, VERSION = 1, 1
 _U64 = struct.Struct(">Q")
 _EXTENT_KEY = struct.Struct(">QQQ")
+
+
+LANDING_BLOCKS = 64
+"""Blocks in the larger prefetch landed (256 KiB, a sequential reader's typical fetch)."""
+
+
+class _InstantHub:
+    """Stands in for the hub client of a prefetch: ``answer`` hands back the bytes of every
+    prefetch started since (later, as the client does, never inside ``start_prefetch``)."""
+
+    def __init__(self) -> None:
+        self._data = bytes(LANDING_BLOCKS * BLOCK_SIZE)
+        self._asked: list[tuple[int, Callable[[bytes | BaseException], None]]] = []
+
+    def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
+                       deadline: float, on_done: Callable[[bytes | BaseException], None]) -> None:
+        self._asked.append((count, on_done))
+
+    def answer(self) -> None:
+        for count, on_done in self._asked:
+            on_done(self._data[:count * BLOCK_SIZE])
+        self._asked.clear()
 
 
 class _NoHub:
@@ -145,6 +170,37 @@ async def _cache_runs(cache: BlockCache, path: str, inline_max_blocks: int,
                  16384)]
 
 
+async def _landing_rows(workdir: str) -> list[str]:
+    """Prefetches of 64 and 4 blocks, each of blocks not cached yet, into a cache of their own
+    (large enough that nothing is evicted)."""
+    calls = {LANDING_BLOCKS: 200, SMALL_BLOCKS: 2000}
+    room = REPEATS * sum(count * n for count, n in calls.items()) * BLOCK_SIZE
+    cache = BlockCache(BlockStore(os.path.join(workdir, "landing.lmdb"), 2 * room), 2 * room)
+    entry = MetaEntry("landing.bin", "f", 0o444, room, 0, FILE_ID + 1, VERSION)
+    cursor = [0]  # the file's first block not prefetched yet
+    landed: list[bool] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            hub = _InstantHub()
+            fetcher = BlockFetcher(cache, hub, nursery,  # type: ignore[arg-type]
+                                   hub_timeout=60.0)
+
+            def land(count: int) -> Callable[[int], None]:
+                def one(i: int) -> None:
+                    first, cursor[0] = cursor[0], cursor[0] + count
+                    fetcher.start_prefetch(entry, first, count, landed.append)
+                    hub.answer()
+                return one
+            rows = [_row(f"BlockFetcher.start_prefetch to landed, {count} blocks, no hub",
+                         _best(land(count), n), count * BLOCK_SIZE)
+                    for count, n in calls.items()]
+            nursery.cancel_scope.cancel()
+        assert landed == [True] * REPEATS * sum(calls.values()), "a prefetch did not land"
+    finally:
+        cache.close()
+    return rows
+
+
 async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> list[str]:
     store = cache.store
     entry = MetaEntry("data.bin", "f", 0o444, blocks * BLOCK_SIZE, 0, FILE_ID, VERSION)
@@ -223,6 +279,7 @@ async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> lis
                       await _best_async(lambda i: fetcher.read(entry, small(i) * BLOCK_SIZE, 16384),
                                         3000), 16384)]
         nursery.cancel_scope.cancel()
+    rows += await _landing_rows(os.path.dirname(cache.store.path))
     extents = blocks // EXTENT_BLOCKS
     per_mib = MIB_BLOCKS // EXTENT_BLOCKS
     rows += [_row("comparison: 64 KiB values, 1 MiB read (16 gets, checked)",
