@@ -123,12 +123,6 @@ class BlockCache:
             self._stamps.pop(key, None)
         self._work.set()
 
-    def _stamp(self, key: BlockKey) -> None:
-        # Recency rides along with the next batch of puts (or the flush at unmount): waking the
-        # writer for every hit would put a write transaction behind each warm read.
-        self._clock += 1
-        self._stamps[key] = self._clock
-
     def purge(self, keep: Any) -> int:
         """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the
         hub)."""
@@ -154,15 +148,20 @@ class BlockCache:
         self._update_gauges()
         return dropped
 
+    def _stamp(self, keys: list[BlockKey] | list[KeyTuple]) -> None:
+        """Give ``keys`` the next last-use stamps, in order. They ride along with the next batch
+        of puts (or the flush at unmount): waking the writer for every hit would put a write
+        transaction behind each warm read."""
+        self._stamps.update(zip(keys, itertools.count(self._clock + 1)))
+        self._clock += len(keys)
+
     def _touch(self, keys: list[BlockKey] | list[KeyTuple]) -> None:
-        """Record a use of the held ones among ``keys``, in order (see ``_stamp``).
+        """Record a use of the held ones among ``keys``, in order.
 
         A block evicted or purged while its disk read ran is still correct to return, but
         stamping it would leave a last-use row that nothing deletes: only held keys count.
         """
-        held = self.policy.touch_many(keys)
-        self._stamps.update(zip(held, itertools.count(self._clock + 1)))
-        self._clock += len(held)
+        self._stamp(self.policy.touch_many(keys))
 
     async def read_run(self, file_id: int, version: int, first: int, count: int) -> bytes | None:
         """Blocks ``[first, first + count)`` of a file version, joined, if LMDB holds them all.
@@ -260,15 +259,31 @@ class BlockCache:
         self._touch(list(found))
         return found
 
-    def put(self, key: BlockKey, data: bytes) -> None:
+    def put(self, key: BlockKey | KeyTuple, data: bytes) -> None:
         """Hold a verified block; evicts least recently used blocks past capacity."""
-        for old in self.policy.insert(_held_key(key), len(data), self._spared):
-            metrics.CACHE_EVICTIONS.inc()
-            self._record(old, _DELETED)
-            self._dropped(old)
-        if key in self.policy:
-            self._record(key, data)
-            self._stamp(key)
+        file_id, version, block = key
+        self.put_run(file_id, version, block, [data])
+
+    def put_run(self, file_id: int, version: int, first: int, blocks: list[bytes]) -> None:
+        """``put`` of the consecutive blocks of one file version from ``first``, the bookkeeping
+        done once for the run: a prefetch that lands is up to 256 blocks, and a ``put`` each
+        (a gauge update, a wake-up of the writer, a stamp) was a sizeable part of landing it."""
+        keys = run_keys(file_id, version, first, len(blocks))
+        insert, spared = self.policy.insert, self._spared
+        evicted = [old for key, data in zip(keys, blocks)
+                   for old in insert(key, len(data), spared)]
+        if evicted:
+            metrics.CACHE_EVICTIONS.inc(len(evicted))
+            for old in evicted:
+                self._record(old, _DELETED)
+                self._dropped(old)
+        holds = self.policy.holds
+        held = [(key, data) for key, data in zip(keys, blocks) if holds(key)]
+        self._ops.update(held)
+        for key, _ in held:
+            self._addresses.pop(key, None)
+        self._stamp([key for key, _ in held])
+        self._work.set()
         self._update_gauges()
 
     async def run_writer(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:

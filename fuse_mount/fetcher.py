@@ -13,7 +13,9 @@ demand request (``HubClient.expedite``).
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,7 +27,7 @@ from neuralcache.blocks import BLOCK_SIZE, block_count, blocks_for_read, contigu
 
 from . import metrics
 from .block_cache import BlockCache
-from .block_store import BlockKey
+from .block_store import BlockKey, KeyTuple, run_keys
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class BlockFetcher:
         self.client = client
         self.hub_timeout = hub_timeout
         self._nursery = nursery
-        self._inflight: dict[BlockKey, _Fetch] = {}
+        self._inflight: dict[BlockKey | KeyTuple, _Fetch] = {}
         self.on_miss: Callable[[], None] = lambda: None
         """Called when a read needs blocks the cache lacks, before it waits for them."""
         self.in_flight: Callable[[BlockKey], bool] = self._inflight.__contains__
@@ -96,8 +98,10 @@ class BlockFetcher:
         per sample, and a task each was a sizeable part of the event loop's work.
         """
         end = min(first + count, block_count(entry.size))
-        keys = (BlockKey(entry.file_id, entry.version, b) for b in range(first, end))
-        new = [k.block for k in keys if k not in self.cache.policy and k not in self._inflight]
+        keys = run_keys(entry.file_id, entry.version, first, max(end - first, 0))
+        held, inflight = self.cache.policy.holds, self._inflight
+        new = [block for _, _, block in itertools.filterfalse(
+            lambda k: held(k) or k in inflight, keys)]
         fetches = [f for run in contiguous_runs(new)
                    for f in self._start_fetches(entry, run.first, run.end, prefetch=True)]
         if not fetches:
@@ -188,8 +192,8 @@ class BlockFetcher:
         deadline = trio.current_time() + self.hub_timeout
         for chunk in range(first, end, MAX_READ_BLOCKS):
             fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk), prefetch)
-            for b in range(fetch.first, fetch.first + fetch.count):
-                self._inflight.setdefault(BlockKey(entry.file_id, entry.version, b), fetch)
+            keys = run_keys(entry.file_id, entry.version, fetch.first, fetch.count)
+            deque(map(self._inflight.setdefault, keys, itertools.repeat(fetch)), maxlen=0)
             if prefetch:
                 self.client.start_prefetch(entry.file_id, entry.version, fetch.first,
                                            fetch.count, deadline=deadline,
@@ -219,14 +223,16 @@ class BlockFetcher:
                 fetch.error = ShortReadError(f"hub sent {len(result)} bytes of {entry.path!r} "
                                              f"where the snapshot promises {expected}")
             else:
-                for i in range(fetch.count):
-                    block = result[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]
-                    fetch.blocks[fetch.first + i] = block
-                    self.cache.put(BlockKey(entry.file_id, entry.version, fetch.first + i), block)
-        for b in range(fetch.first, fetch.first + fetch.count):
-            key = BlockKey(entry.file_id, entry.version, b)
-            if self._inflight.get(key) is fetch:
-                del self._inflight[key]
+                # Views, not copies: a copy per block was most of landing a fetch. They keep
+                # the fetch's bytes alive until the last of its blocks is written.
+                view = memoryview(result)
+                blocks = [view[i:i + BLOCK_SIZE] for i in range(0, len(result), BLOCK_SIZE)]
+                fetch.blocks.update(zip(range(fetch.first, fetch.first + fetch.count), blocks))
+                self.cache.put_run(entry.file_id, entry.version, fetch.first, blocks)
+        inflight = self._inflight
+        for key in run_keys(entry.file_id, entry.version, fetch.first, fetch.count):
+            if inflight.get(key) is fetch:
+                del inflight[key]
         fetch.done.set()
         for on_done in fetch.on_done:
             on_done(fetch.error is None)
