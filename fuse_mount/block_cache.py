@@ -266,8 +266,9 @@ class BlockCache:
 
     def put_run(self, file_id: int, version: int, first: int, blocks: list[bytes]) -> None:
         """``put`` of the consecutive blocks of one file version from ``first``, the bookkeeping
-        done once for the run: a prefetch that lands is up to 256 blocks, and a ``put`` each
-        (a gauge update, a wake-up of the writer, a stamp) was a sizeable part of landing it."""
+        done once for the run: a fetch that lands is a run of up to a request's
+        ``MAX_READ_BLOCKS``, and a ``put`` each (a gauge update, a wake-up of the writer, a
+        stamp) was a sizeable part of landing it."""
         keys = run_keys(file_id, version, first, len(blocks))
         insert, spared = self.policy.insert, self._spared
         evicted = [old for key, data in zip(keys, blocks)
