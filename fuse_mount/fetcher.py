@@ -109,7 +109,10 @@ class BlockFetcher:
             return
         fetched = _Countdown(len(fetches), on_done).fetched
         for fetch in fetches:
-            fetch.on_done.append(fetched)
+            if fetch.done.is_set():  # a client that answered within the call
+                fetched(fetch.error is None)
+            else:
+                fetch.on_done.append(fetched)
 
     async def prefetch(self, entry: MetaEntry, first: int, count: int) -> bool:
         """``start_prefetch``, waiting for it: True once every block is in, False if any fetch

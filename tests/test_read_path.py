@@ -178,6 +178,36 @@ def test_a_prefetch_around_cached_blocks_reports_once_when_all_its_fetches_are_i
     cache.close()
 
 
+def test_a_prefetch_the_client_answers_within_the_call_still_reports(tmp_path: Path) -> None:
+    """The real client answers later, from another task; one that answers at once (or fails at
+    once) must not leave the caller waiting for a callback that already went by."""
+    cache = open_cache(tmp_path)
+    done: list[bool] = []
+
+    class PromptHub(FakeHub):
+        def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
+                           deadline: float, on_done: Callable[[bytes | BaseException], None]
+                           ) -> None:
+            self.reads.append((first, count))
+            on_done(DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE] if first
+                    else OSError("hub gone"))
+
+    async def main() -> None:
+        fill(cache, [2])
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, PromptHub(), nursery,  # type: ignore[arg-type]
+                                   hub_timeout=5.0)
+            fetcher.start_prefetch(ENTRY, 3, 2, done.append)  # answered: in the cache
+            fetcher.start_prefetch(ENTRY, 0, 2, done.append)  # fails at once
+            assert done == [True, False]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert all(BlockKey(ENTRY.file_id, ENTRY.version, b) in cache.policy for b in (3, 4))
+    assert BlockKey(ENTRY.file_id, ENTRY.version, 0) not in cache.policy
+    cache.close()
+
+
 def test_a_prefetch_whose_fetch_fails_reports_false(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     done: list[bool] = []
