@@ -19,7 +19,8 @@ measured is CPU, as in the warm rows of ``bench.throughput``):
 - ``BlockFetcher.read`` of 1 MiB and 16 KiB, every block a hit, cache writer running as in the
   daemon (it persists the stamps those hits leave);
 - a prefetch from ``BlockFetcher.start_prefetch`` until its blocks are in the cache, with a
-  stand-in hub client that answers at once (the fetcher's and the cache's bookkeeping of
+  stand-in hub client that answers right after the call, as the real one answers later (the
+  fetcher's and the cache's bookkeeping of
   fetching, no network, no writes: the writer is not running), for 64 blocks and 4;
 - for comparison, the same bytes stored as 64 KiB LMDB values with one checksum each (a layout
   the spoke does not use): a 1 MiB and a 16 KiB read.

@@ -100,8 +100,7 @@ class BlockFetcher:
         end = min(first + count, block_count(entry.size))
         keys = run_keys(entry.file_id, entry.version, first, max(end - first, 0))
         held, inflight = self.cache.policy.holds, self._inflight
-        new = [block for _, _, block in itertools.filterfalse(
-            lambda k: held(k) or k in inflight, keys)]
+        new = [key[2] for key in keys if not (held(key) or key in inflight)]
         fetches = [f for run in contiguous_runs(new)
                    for f in self._start_fetches(entry, run.first, run.end, prefetch=True)]
         if not fetches:
