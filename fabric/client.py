@@ -116,10 +116,10 @@ PUBLISH_PERIOD = 0.05
 """Seconds between exports of the controller's model to Prometheus (acks come ~1000/s)."""
 
 ARRIVAL_POLL_PERIOD = 0.002
-"""Seconds between looks at the bulk connections' kernel counters while prefetch is in flight,
-once the hub has reported loss (they are also read after every reply): a reply held back
-behind a lost segment is counted as delivered within this long of its arrival, not a round
-trip later (transport.arrivals)."""
+"""Seconds between looks at the bulk connections' kernel counters while the path loses
+segments (they are also read after every reply): a reply held back behind a lost segment is
+counted as delivered within this long of its arrival, not a round trip later
+(transport.arrivals)."""
 
 PREFETCH_EXPIRY_PERIOD = 1.0
 """Seconds between checks for ``start_prefetch`` reads past their deadline: a prefetch's
@@ -330,7 +330,7 @@ class HubClient:
         self._wake = _Signal()  # the dispatcher's: work queued, window opened, link changed
         self._nursery: trio.Nursery | None = None
         self._expiring: dict[_Read, None] = {}  # start_prefetch reads not finished yet
-        self._lossy = trio.Event()  # the hub reported loss: poll arrivals from now on
+        self._lossy = trio.Event()  # the hub reported loss: poll arrivals while it lasts
         self._dialing = 0  # demand connections being dialled beyond the initial pool
         self._state_label: tuple[str, str] | None = None
         self._next_publish = -math.inf
@@ -669,13 +669,16 @@ class HubClient:
                     self._arrived(conn, sent)
 
     async def _arrival_poller(self) -> None:
-        """Poll the arrivals, from the first loss the hub reports on. Without loss TCP holds
-        no reply back: each is read as it arrives, and its arrival seen then, so 500 wake-ups
-        a second would find nothing."""
-        await self._lossy.wait()
+        """Poll the arrivals while the hub's TCP has lately resent bytes (``ResendRate``, over
+        its window). Without loss TCP holds no reply back: each is read as it arrives, and its
+        arrival seen then, so on a clean path, or on a mount gone idle after a lossy spell,
+        500 wake-ups a second would find nothing. The next loss report starts it again."""
         while True:
-            await trio.sleep(ARRIVAL_POLL_PERIOD)
-            self._poll_arrivals()
+            await self._lossy.wait()
+            while self._resends.ratio(trio.current_time()) > 0:
+                await trio.sleep(ARRIVAL_POLL_PERIOD)
+                self._poll_arrivals()
+            self._lossy = trio.Event()
 
     def _read_reply(self, sent: _Sent, msg: Message) -> None:
         if sent.copy:

@@ -6,6 +6,7 @@ timeouts are small so the whole file runs in a few seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import socket
@@ -21,7 +22,9 @@ from fabric.client import (CHECKSUM_ATTEMPTS, ChecksumError, HubClient, HubUnava
 from fabric.export import Export
 from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PROTOCOL_VERSION,
                              ErrorCode, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
-                             MetaReply, MetaRequest, ReadReply, ReadRequest, Welcome, encode)
+                             MetaReply, MetaRequest, ReadManyReply, ReadReply, ReadRequest, Welcome,
+                             encode)
+from fabric.transport.resend_rate import ResendRate
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, flip_reply, metric,
                                   running_client, start_hub, trio_test)
@@ -426,3 +429,55 @@ async def test_an_unexpected_error_in_one_request_does_not_stop_the_hub(export_d
         async with running_client(hub.port) as newcomer:
             await read_and_check(newcomer, export_dir, BIG, 2, 2)
         hub.stop()
+
+
+@dataclasses.dataclass
+class ReportLoss:
+    """A proxy ``Rewrite``: every read reply says its connection's TCP resent another segment."""
+
+    resent: int = 0
+
+    async def __call__(self, msg: Message) -> Message:
+        if isinstance(msg, (ReadReply, ReadManyReply)):
+            self.resent += 1448
+            return dataclasses.replace(msg, retransmitted=self.resent)
+        return msg
+
+
+class PollerSteps(trio.abc.Instrument):
+    """Counts the runs of the client's arrival poller task."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith("._arrival_poller"):
+            self.steps += 1
+
+
+@trio_test
+async def test_arrivals_are_polled_while_the_hub_reports_loss_and_not_once_it_stops(
+        export_dir: Path) -> None:
+    steps = PollerSteps()
+    trio.lowlevel.add_instrument(steps)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        proxy = Proxy(hub.port, ReportLoss())
+        await nursery.start(proxy.serve)
+        async with running_client(proxy.port) as client:
+            client._resends = ResendRate(window=0.3, bucket=0.1)  # loss forgotten in 0.4 s
+            await trio.sleep(0.1)
+            idle = steps.steps
+            await trio.sleep(0.2)
+            assert steps.steps == idle  # no loss reported yet: nothing to poll for
+            await read_and_check(client, export_dir, BIG, 0, 8)
+            await trio.sleep(0.1)
+            assert steps.steps > idle + 5  # polling every ARRIVAL_POLL_PERIOD
+            await trio.sleep(0.8)  # the last report is out of the window
+            quiet = steps.steps
+            await trio.sleep(0.3)
+            assert steps.steps == quiet
+            await read_and_check(client, export_dir, BIG, 8, 8)
+            await trio.sleep(0.1)
+            assert steps.steps > quiet + 5  # a new report starts it again
+        nursery.cancel_scope.cancel()
