@@ -312,7 +312,7 @@ def header(meta: dict[str, Any], runs: Runs) -> str:
 
 def write_report(meta: dict[str, Any], runs: Runs, markdown_path: str | None,
                  plot_path: str | None) -> str:
-    text = markdown(runs, meta["link"]["rate_bps"], header(meta, runs))
+    text = markdown(runs, meta["link"]["rate_bps"], header(meta, runs), meta["cores"])
     if markdown_path:
         with open(markdown_path, "w") as f:
             f.write(text)

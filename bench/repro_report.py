@@ -12,7 +12,7 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, 
                                    Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, HINT_RECORDS, PREFETCH_ISSUED,
                                PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES, RunRecord, RunSummary,
-                               Spread, cold_start_share, loop_load, metric_total, spread,
+                               Spread, cold_start_share, cpu_floor, loop_load, metric_total, spread,
                                summarize, total_seconds, window_rate)
 
 PLOT_WINDOW = 20
@@ -40,12 +40,12 @@ def _ordered_keys(runs: Runs, variant: str) -> list[str]:
     return sorted(keys, key=lambda k: order.get(Scenario.parse(k).label, 9))
 
 
-def scenario_table(runs: Runs, variant: str, link_rate_bps: float) -> str:
+def scenario_table(runs: Runs, variant: str, link_rate_bps: float, cores: int) -> str:
     """The reference's figures for each scenario of ``variant``, median [min–max] of repeats."""
     summaries = _summaries(runs, link_rate_bps)
     windows = [f"samples/s {a}–{b if b is not None else 'end'}" for a, b in RATE_WINDOWS]
     head = ["scenario", *windows, "samples/s 1–end", "batches", "time (s)", "time vs hub-local",
-            "waiting on data (1 − GPU util.)",
+            "CPU floor vs hub-local", "waiting on data (1 − GPU util.)",
             "loader read p50 / p99 (ms)", "mount read p50 / p99 (ms)", "local hit ratio",
             "WAN MB", "link use", "link drops (packets)"]
     body: list[list[str]] = []
@@ -59,10 +59,14 @@ def scenario_table(runs: Runs, variant: str, link_rate_bps: float) -> str:
         vs_local = spread(per_repeat(runs, key, reference,
                                      lambda run, ref: total_seconds(run.trace)
                                      / total_seconds(ref.trace)))
+        floor = spread(per_repeat(runs, key, reference,
+                                  lambda run, ref: None if (f := cpu_floor(run, cores)) is None
+                                  else f / total_seconds(ref.trace)))
         cells = [Scenario.parse(key).label]
         cells += [col(lambda s, i=i: s.windows[i]) for i in range(len(RATE_WINDOWS))]
         cells += [col(lambda s: s.streaming_rate), str(rows[0].batches), col(lambda s: s.seconds),
                   _fmt(vs_local, digits=3) + "×",
+                  _fmt(floor, digits=3) + "×" if floor is not None else "–",
                   col(lambda s: s.waiting_share, scale=100, unit=" %"),
                   f"{col(lambda s: s.read_p50, scale=MS, digits=3)} / "
                   f"{col(lambda s: s.read_p99, scale=MS, digits=1)}",
@@ -169,8 +173,9 @@ def _share(run: RunRecord, ref: RunRecord, horizon: int) -> float | None:
                             ref.trace.batch_size / steady, horizon)
 
 
-def markdown(runs: Runs, link_rate_bps: float, header: str) -> str:
-    """The whole generated report: header, one table per variant, targets, extrapolation."""
+def markdown(runs: Runs, link_rate_bps: float, header: str, cores: int) -> str:
+    """The whole generated report: header, one table per variant, targets, extrapolation.
+    ``cores``: the measuring machine's, for the CPU floor."""
     parts = [header]
     titles = {SEQUENTIAL: "GPU step, sequential order",
               SHUFFLED: "GPU step, shuffled order (the spoke announces it with the hints "
@@ -178,7 +183,7 @@ def markdown(runs: Runs, link_rate_bps: float, header: str) -> str:
               IO_BOUND: "I/O bound (no GPU step), sequential order"}
     for variant in VARIANTS:
         if any(Scenario.parse(k).variant == variant for k in runs):
-            parts += [f"### {titles[variant]}", scenario_table(runs, variant, link_rate_bps)]
+            parts += [f"### {titles[variant]}", scenario_table(runs, variant, link_rate_bps, cores)]
     parts += ["### Targets", checks_table(checks(runs, link_rate_bps))]
     parts += ["### Inside the spoke (its own metrics, per run)", spoke_table(runs)]
     parts += ["### Cold-start penalty, extrapolated",

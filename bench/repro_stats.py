@@ -13,6 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from bench.proc_cpu import DAEMON_LOOP
 from bench.repro_loader import LoopTrace
 
 RATE_WINDOWS: tuple[tuple[int, int | None], ...] = ((0, 100), (100, 150), (150, None))
@@ -154,6 +155,18 @@ def loop_load(record: RunRecord) -> tuple[float, float] | None:
         return None
     return (record.metrics[LOOP_CPU] / record.probe_seconds,
             record.metrics.get(LOOP_RUNQUEUE, 0.0) / record.probe_seconds)
+
+
+def cpu_floor(record: RunRecord, cores: int) -> float | None:
+    """The shortest loop the CPU this run used allows, in seconds: every role's CPU (loader,
+    daemon, hub, WAN forwarder, rclone) spread evenly over the machine's ``cores``, or the spoke
+    daemon's event loop alone (one thread: one core at most), whichever is longer. A run whose
+    time is near it was bound by CPU, not by the link or the cache; None without CPU figures."""
+    cpu = record.cpu_seconds
+    if not cpu:
+        return None
+    total = sum(seconds for role, seconds in cpu.items() if role != DAEMON_LOOP)
+    return max(total / cores, cpu.get(DAEMON_LOOP, 0.0))
 
 
 def latency_buckets(delta: dict[str, float]) -> list[tuple[float, float]]:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.proc_cpu import DAEMON, DAEMON_LOOP, FORWARDER, HUB, LOADER
 from bench.repro_data import (TOKEN_DTYPE, TOKENS_PER_WINDOW, WINDOW_BYTES, ShardLayout,
                               make_dataset, read_layout)
 from bench.repro_loader import SHUFFLED, LoopConfig, LoopTrace, run_loop
@@ -161,10 +162,12 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
         Scenario(SEQUENTIAL, SPOKE, COLD).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, COLD).key, 0, _trace([0.03] * 100 + [0.02] * 100), 5.0,
             wan_down_bytes=10**8, wan_up_bytes=10**6,
-            metrics={HITS: 50.0, MISSES: 50.0, LOOP_CPU: 3.0, LOOP_RUNQUEUE: 1.0})},
+            metrics={HITS: 50.0, MISSES: 50.0, LOOP_CPU: 3.0, LOOP_RUNQUEUE: 1.0},
+            cpu_seconds={LOADER: 3.0, DAEMON: 4.0, DAEMON_LOOP: 3.0, HUB: 1.0, FORWARDER: 1.0})},
         Scenario(SEQUENTIAL, SPOKE, WARM).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, WARM).key, 0, local, 4.0, wan_down_bytes=0,
-            wan_up_bytes=0, metrics={HITS: 100.0, MISSES: 0.0})},
+            wan_up_bytes=0, metrics={HITS: 100.0, MISSES: 0.0},
+            cpu_seconds={LOADER: 1.0, DAEMON: 4.0, DAEMON_LOOP: 3.8})},
     }
     found = {c.name: c for c in checks(runs, 200e6)}
     cold_time = found["cold spoke, sequential: whole-run time vs hub-local"]
@@ -173,8 +176,12 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     assert found["warm spoke, I/O bound: samples/s after the first batch vs hub-local"].met is None
     summary = summarize(runs[Scenario(SEQUENTIAL, SPOKE, COLD).key][0], 200e6)
     assert summary.link_use == pytest.approx(10**8 * 8 / (200e6 * 5.0))
-    text = markdown(runs, 200e6, "header")
+    text = markdown(runs, 200e6, "header", cores=2)
     assert "| spoke cold |" in text and "| spoke warm |" in text
+    # CPU floor: the cold run's 9 CPU-seconds over 2 cores (4.5 s, more than its loop's 3 s),
+    # the warm run's loop alone (3.8 s, more than 5 s over 2 cores), each over hub-local's 4 s.
+    assert "| 5.0 | 1.250× | 1.125× |" in text
+    assert "| 4.0 | 1.000× | 0.950× |" in text
     # The cold run's loop ran 3 s of its 5 s and waited 1 s for a core; the warm run's daemon
     # did not report its loop.
     assert "| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 80 %: 60 % + 20 % |" in text
