@@ -41,14 +41,13 @@ import trio
 from neuralcache.blocks import BLOCK_SIZE
 
 from . import metrics
-from .checksum import bad_blocks
+from .checksum import bad_blocks, intact
 from .congestion import CongestionStats, create_controller
 from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, MetaReply,
                        MetaRequest, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
                        ReadReply, ReadRequest, Welcome, encode)
 from .transport import tcp
 from .transport.arrivals import ArrivalTracker
-from .transport.blocksums import intact
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 from .transport.request_pipe import RequestPipe

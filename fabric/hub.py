@@ -25,6 +25,7 @@ import trio
 from neuralcache.blocks import BLOCK_SIZE
 
 from . import hub_metrics, metrics
+from .checksum import range_checksums
 from .export import Export, ExportError, WouldBlock
 from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
@@ -32,7 +33,6 @@ from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        MetaReply, MetaRequest, ProtocolError, ReadManyRequest, ReadRequest,
                        Welcome, encode)
 from .transport import tcp
-from .transport.blocksums import range_checksums
 from .transport.fair_queue import FairQueue
 from .transport.framing import (Frame, FrameReader, read_many_reply_frame, read_reply_frame,
                                 send_frame)

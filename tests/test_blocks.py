@@ -9,7 +9,7 @@ import xxhash
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric.checksum import bad_blocks, block_checksum, range_checksums
+from fabric.checksum import bad_blocks, block_checksum, intact, range_checksums
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount.block_store import BlockKey, run_keys
 from neuralcache.blocks import (BLOCK_SIZE, KEY_SHIFT, BlockRange, block_count, block_key,
@@ -120,7 +120,7 @@ def test_range_checksums_are_the_per_block_xxh3(data: bytes) -> None:
         xxhash.xxh3_64_intdigest(b).to_bytes(CHECKSUM_BYTES, "big") for b in blocks)
     assert all(block_checksum(b) == sums[i * CHECKSUM_BYTES:(i + 1) * CHECKSUM_BYTES]
                for i, b in enumerate(blocks))
-    assert bad_blocks(data, sums) == []
+    assert bad_blocks(data, sums) == [] and intact(data, sums)
 
 
 @given(data=st.binary(min_size=1, max_size=4 * BLOCK_SIZE + 10), position=st.integers(min_value=0),
@@ -131,6 +131,7 @@ def test_bad_blocks_flags_exactly_the_flipped_block(data: bytes, position: int, 
     position %= len(data)
     flipped[position] ^= xor
     assert bad_blocks(bytes(flipped), sums) == [position // BLOCK_SIZE]
+    assert not intact(bytes(flipped), sums)
 
 
 @given(data=st.binary(min_size=1, max_size=3 * BLOCK_SIZE))

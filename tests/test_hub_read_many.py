@@ -19,7 +19,7 @@ from fabric.protocol import (MAX_READ_BLOCKS, PROTOCOL_VERSION, READ_MANY_VERSIO
                              ErrorReply, FrameDecoder, Hello, Message, MetaEntry, Priority,
                              ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Welcome,
                              encode)
-from fabric.transport.blocksums import range_checksums
+from fabric.checksum import range_checksums
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
 from tests.test_export import BOTH_CONFINEMENTS, needs_openat2

@@ -36,7 +36,6 @@ from fabric.export import Export, WouldBlock
 from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello,
                              Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
                              decode_payload, encode)
-from fabric.transport import blocksums
 from fabric.transport.arrivals import ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
 from fabric.transport.resend_rate import BUCKET_S, RESEND_WINDOW_S, ResendRate
@@ -414,12 +413,6 @@ def test_without_loss_replies_are_reported_as_they_arrive() -> None:
 
 
 # -- framing and checksums ------------------------------------------------------------------
-
-@given(data=st.binary(max_size=3 * BLOCK_SIZE + 7))
-def test_fast_checksums_equal_the_protocol_checksums(data: bytes) -> None:
-    assert blocksums.range_checksums(data) == checksum.range_checksums(data)
-    assert blocksums.intact(data, checksum.range_checksums(data))
-
 
 @pytest.mark.parametrize("count", [1, 16, 255, 1024])
 def test_scatter_gather_reply_frames_equal_encode(count: int) -> None:
