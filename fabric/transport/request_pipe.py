@@ -54,9 +54,15 @@ MIN_REQUEST_BYTES = 64 * 1024
 MAX_REQUEST_BYTES = MAX_READ_BLOCKS * BLOCK_SIZE
 """Largest chunk: what one ReadRequest may carry (4 MiB)."""
 
-MAX_REQUEST_RATE = 500.0
-"""Prefetch requests per second the spoke aims not to exceed: each costs ~100 us of Python on
-each side, so at high rates (loopback, >= 1 GB/s) chunks grow to keep the count down."""
+MAX_REQUEST_RATE = 125.0
+"""Prefetch requests per second the spoke aims not to exceed on a path that does not lose
+segments: each costs 100-300 us of Python on each side, so at high rates (loopback, >= 1 GB/s)
+chunks grow to keep the count down (``python -m bench.transport --quick --links 0 1 --clients
+bbr``, two runs each, alternating: loopback 0.44 and 0.58 GB/s after start-up at 500 requests
+per second, 0.60 and 0.59 at 125; the 60 ms rows did not move beyond their noise)."""
+LOSSY_REQUEST_RATE = 500.0
+"""The same while the path loses segments: chunks stay small (see ``chunk_bytes``), four times
+as many requests."""
 
 ACK_TIMING_NOISE = 0.003
 """Seconds by which the spoke may time an arrival late (event-loop latency, the 2 ms arrival
@@ -78,13 +84,15 @@ def headroom(min_rtt: float) -> float:
     return min(MAX_HEADROOM, max(MIN_HEADROOM, ACK_TIMING_NOISE / min_rtt))
 
 
-def chunk_bytes(pacing_rate: float) -> int:
+def chunk_bytes(pacing_rate: float, lossy: bool = False) -> int:
     """Size of the next prefetch chunk, in whole blocks: as small as the per-request cost
-    allows. Small, because a chunk counts as delivered only once all its bytes have arrived,
-    and at 1 % segment loss a 350 KB chunk (241 segments) almost always waits a round trip
-    for a retransmission while a 64 KiB one does so a third of the time: the window must
-    cover that wait, and the controller's RTT samples include it."""
-    size = min(max(pacing_rate / MAX_REQUEST_RATE, MIN_REQUEST_BYTES), MAX_REQUEST_BYTES)
+    allows, the more so on a ``lossy`` path. Small, because a chunk counts as delivered only
+    once all its bytes have arrived, and at 1 % segment loss a 350 KB chunk (241 segments)
+    almost always waits a round trip for a retransmission while a 64 KiB one does so a third
+    of the time: the window must cover that wait, and the controller's RTT samples include
+    it. Without loss a chunk's size only sets how many requests the two ends handle."""
+    rate = LOSSY_REQUEST_RATE if lossy else MAX_REQUEST_RATE
+    size = min(max(pacing_rate / rate, MIN_REQUEST_BYTES), MAX_REQUEST_BYTES)
     return int(size) // BLOCK_SIZE * BLOCK_SIZE
 
 
@@ -195,8 +203,9 @@ class RequestPipe:
             self._origin = now
         return now - self._origin
 
-    def poll(self, now: float) -> Chunk | float | None:
-        """The chunk to send now (already counted as sent), the time to poll again, or None."""
+    def poll(self, now: float, lossy: bool = False) -> Chunk | float | None:
+        """The chunk to send now (already counted as sent), the time to poll again, or None.
+        ``lossy``: the path lately lost segments (``chunk_bytes``)."""
         t = self._since(now)
         if not self._queue:
             if self.controller.can_send(MIN_REQUEST_BYTES):
@@ -204,7 +213,7 @@ class RequestPipe:
             return None
         if not self.controller.can_send(MIN_REQUEST_BYTES):
             return None
-        pieces = self._head(chunk_bytes(self.controller.pacing_rate) // BLOCK_SIZE)
+        pieces = self._head(chunk_bytes(self.controller.pacing_rate, lossy) // BLOCK_SIZE)
         nbytes = sum(piece[2] for piece in pieces) * BLOCK_SIZE
         self.pacer.update_rate(self.rate, t)
         when = self.pacer.next_send_time(t, nbytes)
