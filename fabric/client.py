@@ -330,7 +330,7 @@ class HubClient:
         self._wake = _Signal()  # the dispatcher's: work queued, window opened, link changed
         self._nursery: trio.Nursery | None = None
         self._expiring: dict[_Read, None] = {}  # start_prefetch reads not finished yet
-        self._lossy = trio.Event()  # the hub reported loss: poll arrivals while it lasts
+        self._loss_reported = trio.Event()  # the hub reported loss: poll arrivals while it lasts
         self._dialing = 0  # demand connections being dialled beyond the initial pool
         self._state_label: tuple[str, str] | None = None
         self._next_publish = -math.inf
@@ -629,7 +629,7 @@ class HubClient:
     def _report_loss(self, conn: _Connection, retransmitted: int) -> None:
         """Pass on what the hub's TCP resent on ``conn`` since its previous reply said."""
         if retransmitted > conn.retransmitted:
-            self._lossy.set()
+            self._loss_reported.set()
             now = trio.current_time()
             self._pipe.on_path_loss(now, retransmitted - conn.retransmitted)
             self._resends.on_resent(now, retransmitted - conn.retransmitted)
@@ -675,11 +675,11 @@ class HubClient:
         arrival seen then, so on a clean path, or on a mount gone idle after a lossy spell,
         500 wake-ups a second would find nothing. The next loss report starts it again."""
         while True:
-            await self._lossy.wait()
+            await self._loss_reported.wait()
             while self._resends.ratio(trio.current_time()) > 0:
                 await trio.sleep(ARRIVAL_POLL_PERIOD)
                 self._poll_arrivals()
-            self._lossy = trio.Event()
+            self._loss_reported = trio.Event()
 
     def _read_reply(self, sent: _Sent, msg: Message) -> None:
         if sent.copy:
