@@ -67,6 +67,9 @@ class BlockCache:
         self._ops: dict[BlockKey, bytes | None] = {}  # not yet handed to the writer
         self._writing: dict[BlockKey, bytes | None] = {}  # being written right now
         self._stamps: dict[BlockKey | KeyTuple, int] = {}
+        self._stale: dict[BlockKey | KeyTuple, None] = {}
+        """Keys of a failed batch (see ``_drop_unwritten``), whose rows LMDB may hold though the
+        cache no longer counts them: deleted with the next batch."""
         self._clock = 0
         self._work = trio.Event()
         self._write_lock = trio.Lock()
@@ -280,6 +283,9 @@ class BlockCache:
                 self._dropped(old)
         holds = self.policy.holds
         held = [(key, data) for key, data in zip(keys, blocks) if holds(key)]
+        if self._stale:  # a new put replaces the row the failed batch may have left
+            for key, _ in held:
+                self._stale.pop(key, None)
         self._ops.update(held)
         for key, _ in held:
             self._addresses.pop(key, None)
@@ -310,19 +316,21 @@ class BlockCache:
         stamps = {k: (s, sizes[k], located.get(k)) for k, s in self._stamps.items()
                   if k in sizes and k not in waiting}
         self._stamps = waiting
-        if not batch and not stamps:
+        if not batch and not stamps and not self._stale:
             self._work = trio.Event()
             return
         self._writing = batch
         puts = {k: v for k, v in batch.items() if v is not _DELETED}
         deletes = [k for k, v in batch.items() if v is _DELETED]
+        deletes += [k for k in self._stale if k not in batch]
+        self._stale = {}
         metrics.CACHE_WRITE_OPS.observe(len(batch))
         try:
             with metrics.CACHE_WRITE_SECONDS.time():
                 written = await trio.to_thread.run_sync(self.writer.write_batch, puts, deletes,
                                                         stamps)
         except CacheWriteError as exc:
-            self._drop_unwritten(puts, exc)
+            self._drop_unwritten(puts, deletes, exc)
         else:
             # A key changed again meanwhile (evicted, say) has its new op queued: that write
             # will move or free the value, so its address is not worth keeping. (The writer
@@ -334,19 +342,29 @@ class BlockCache:
         if not self._ops:
             self._work = trio.Event()
 
-    def _drop_unwritten(self, puts: dict[BlockKey, bytes], exc: Exception) -> None:
-        """A batch failed (disk or map full): forget its blocks so they are simply re-fetched."""
+    def _drop_unwritten(self, puts: dict[BlockKey, bytes], deletes: list[BlockKey | KeyTuple],
+                        exc: Exception) -> None:
+        """A batch failed (disk or map full, or the writer died, maybe after its commit): forget
+        its blocks so they are simply re-fetched, and have the next batch delete them and the
+        batch's evicted blocks from LMDB, whichever way this one ended, so the cache file never
+        keeps blocks the cache does not count against its size. They ride along with the next
+        batch rather than wake the writer: on a full disk that would retry without end."""
         metrics.CACHE_WRITE_ERRORS.inc()
         log.error("cache write of %d blocks failed (%s); they will be fetched again",
                   len(puts), exc)
         for key in puts:
             if key not in self._ops and self.policy.remove(key):
                 self._dropped(key)
+        self._stale.update((key, None) for key in itertools.chain(puts, deletes)
+                           if key not in self._ops and not self.policy.holds(key))
         self._update_gauges()
 
     async def flush(self) -> None:
-        """Wait until everything put so far is on disk (used at shutdown and by tests)."""
+        """Wait until everything put so far is on disk (used at shutdown and by tests); rows a
+        failed batch may have left get one more try."""
         while self._ops or self._stamps:
+            await self._write_one_batch()
+        if self._stale:
             await self._write_one_batch()
 
     def close(self) -> None:

@@ -339,6 +339,22 @@ def test_a_failed_write_is_counted_and_its_blocks_are_not_held(
         reopened.close()
 
 
+def test_the_next_batch_deletes_what_a_failed_one_left_in_lmdb(tmp_path: Path) -> None:
+    """A batch lost with its writer took the deletes of the blocks it evicted with it: the
+    next batch makes them, so the cache file holds no block the cache does not count."""
+    cache = open_cache(tmp_path, 4 * BLOCK_SIZE)
+    a, b, c, d, e, f, g = (BlockKey(1, 1, n) for n in range(7))
+    fill(cache, [a, b, c, d])
+    kill_writer(cache)
+    fill(cache, [e, f])  # evicts a and b; the batch fails, e and f are forgotten
+    assert list(cache.policy.oldest_first()) == [c, d]
+    fill(cache, [g])  # a new writer
+    cache.close()
+    reopened = open_cache(tmp_path, 4 * BLOCK_SIZE)
+    assert list(reopened.policy.oldest_first()) == [c, d, g]  # not a or b, not e or f
+    reopened.close()
+
+
 @pytest.mark.parametrize("method", ["get_many", "read_run"])
 def test_a_block_purged_during_its_disk_read_leaves_no_stamp_behind(
         tmp_path: Path, method: str) -> None:
