@@ -322,9 +322,10 @@ class BlockCache:
         self._writing = batch
         puts = {k: v for k, v in batch.items() if v is not _DELETED}
         deletes = [k for k, v in batch.items() if v is _DELETED]
-        deletes += [k for k in self._stale if k not in batch]
+        stale = [k for k in self._stale if k not in batch]
+        deletes += stale
         self._stale = {}
-        metrics.CACHE_WRITE_OPS.observe(len(batch))
+        metrics.CACHE_WRITE_OPS.observe(len(batch) + len(stale))
         try:
             with metrics.CACHE_WRITE_SECONDS.time():
                 written = await trio.to_thread.run_sync(self.writer.write_batch, puts, deletes,
