@@ -31,9 +31,9 @@ import trio
 from bench.daemon_cpu import Usage
 from bench.mount_procs import drop_page_cache, exit_on_sigterm
 from bench.throughput import DEFAULT_WORKDIR, make_dataset
+from fabric.checksum import range_checksums
 from fabric.client import HubClient
 from fabric.export import Confinement, Export
-from fabric.checksum import range_checksums
 from fuse_mount.cli import parse_size
 from fuse_mount.launch import START_TIMEOUT, Hub
 from fuse_mount.scrape import sample, scrape

@@ -13,13 +13,13 @@ import pytest
 import trio
 
 from bench.mount_procs import drop_page_cache
+from fabric.checksum import range_checksums
 from fabric.export import Confinement, Export
 from fabric.hub import INLINE_MAX_BLOCKS, HubServer
 from fabric.protocol import (MAX_READ_BLOCKS, PROTOCOL_VERSION, READ_MANY_VERSION, ErrorCode,
                              ErrorReply, FrameDecoder, Hello, Message, MetaEntry, Priority,
                              ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Welcome,
                              encode)
-from fabric.checksum import range_checksums
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
 from tests.test_export import BOTH_CONFINEMENTS, needs_openat2
