@@ -16,7 +16,9 @@ block every ``DEMAND_INTERVAL`` and records its latency. Clients:
 
 Goodput counts verified block bytes delivered to the caller, as a fraction of the link's line
 rate; "after start-up" skips the first ``max(2 s, 20 RTT)``. Demand latency is measured after
-start-up, while prefetch fills the pipe. The loopback row runs hub and spoke on 127.0.0.1 with
+start-up, while prefetch fills the pipe. The controller's bandwidth estimate (its median after
+start-up) and the packets the emulator's full queue dropped (hub to spoke) show whether the
+pacing overfills the bottleneck. The loopback row runs hub and spoke on 127.0.0.1 with
 no emulation. Root is needed for the namespaces. The export file is sparse, under /var/tmp.
 """
 
@@ -290,6 +292,8 @@ class Row:
     demand_issued: int
     lost: int  # requests the controller counted lost
     startup: float  # seconds treated as start-up
+    btl_bw: float  # the controller's bandwidth estimate, bytes/s, median after start-up
+    tail_drops: int | None  # hub-to-spoke packets the emulator's full queue dropped
 
 
 def summarize(link: str, client: str, line_rate: float, rtt: float, duration: float,
@@ -303,14 +307,21 @@ def summarize(link: str, client: str, line_rate: float, rtt: float, duration: fl
     # A demand read that never completed counts as slower than every one that did.
     ranked = done + [math.inf] * (len(window) - len(done))
     lost = result["model"][-1]["lost_packets"] if result["model"] else 0
+    btl_bw = sorted(s["btl_bw"] for s in result["model"] if s["t"] >= startup)
+    drops = result.get("tail_drops")  # none on loopback
     return Row(link, client, line_rate, rtt, whole, after, _quantile(ranked, 0.5),
-               _quantile(ranked, 0.99), len(done), len(window), lost, startup)
+               _quantile(ranked, 0.99), len(done), len(window), lost, startup,
+               _quantile(btl_bw, 0.5), drops)
 
 
 def _quantile(values: list[float], q: float) -> float:
     if not values:
         return math.nan
     return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
+
+
+def _tail_drops(wire: dict[str, Any]) -> int:
+    return int(wire["hub_to_spoke"]["queue_dropped_packets"])
 
 
 def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[str, Any]:
@@ -364,8 +375,10 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
             load_cmd = wan.command("spoke", _python(
                 "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
                 "--duration", str(duration), "--connections", str(connections)))
+            dropped = _tail_drops(wan.stats())
             result = _run_pair(hub_cmd, load_cmd, duration)
-            result["wire"] = wan.stats()
+            result["wire"] = wan.stats()  # the link's counters so far, every client's
+            result["tail_drops"] = _tail_drops(result["wire"]) - dropped
             _save(save, f"{link.rtt * 1000:.0f}ms-{link.loss:g}-{client}", result)
             row = summarize(link.label, client, link.rate_bps / 8, link.rtt, duration, result)
             print(format_row(row), file=sys.stderr, flush=True)
@@ -413,8 +426,9 @@ def _rate(x: float, line: float) -> str:
 
 
 HEADER = ("| link | client | goodput, whole run | goodput after start-up | demand p50 | "
-          "demand p99 | p99 / RTT | demand reads done | lost requests |\n"
-          "|---|---|---|---|---|---|---|---|---|")
+          "demand p99 | p99 / RTT | demand reads done | lost requests | BtlBw, median "
+          "after start-up | tail drops |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: Row) -> str:
@@ -422,7 +436,12 @@ def format_row(r: Row) -> str:
         "inf" if math.isinf(r.p99) else f"{r.p99 / r.rtt:.2f}")
     return (f"| {r.link} | {r.client} | {_rate(r.whole, r.line_rate)} | "
             f"{_rate(r.after, r.line_rate)} | {_ms(r.p50)} | {_ms(r.p99)} | {ratio} | "
-            f"{r.demand_done}/{r.demand_issued} | {r.lost} |")
+            f"{r.demand_done}/{r.demand_issued} | {r.lost} | {_bw(r.btl_bw)} | "
+            f"{'-' if r.tail_drops is None else f'{r.tail_drops:,}'} |")
+
+
+def _bw(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x / 1e6:.1f} MB/s"
 
 
 def main(argv: list[str] | None = None) -> int:
