@@ -118,7 +118,8 @@ TIMELINE = (("neuralcache_read_bytes_total", "read MB", 1e-6),
             ("neuralcache_fabric_cwnd_bytes", "cwnd MB", 1e-6),
             ("neuralcache_fabric_btl_bw_bytes_per_second", "btl_bw Mbit/s", 8e-6),
             ("neuralcache_cache_miss_blocks_total", "miss MB", 4096e-6),
-            ("neuralcache_fabric_requests_total", "hub requests", 1.0))
+            ("neuralcache_fabric_requests_total", "hub requests", 1.0),
+            ("neuralcache_fabric_resent_ratio", "resent %", 100.0))
 """What ``--timeline`` prints per scrape: (metric, column, scale); counters summed over labels."""
 
 
