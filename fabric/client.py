@@ -47,7 +47,7 @@ from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, 
                        MetaRequest, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
                        ReadReply, ReadRequest, Welcome, encode)
 from .transport import tcp
-from .transport.arrivals import ArrivalTracker
+from .transport.arrivals import ArrivalTracker, TcpCounters
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 from .transport.request_pipe import RequestPipe
@@ -243,6 +243,14 @@ class _Connection:
         self.retransmitted = 0  # the hub's last count of bytes its TCP resent on this stream
         # Bulk connections: which replies reached the kernel, holes or not (transport.arrivals).
         self.arrivals = ArrivalTracker() if role == BULK else None
+        self.segs_in = 0  # data segments the kernel had received at the last look
+        self.settled = True  # looked at since its last reply: nothing more can arrive
+
+    def count_arrivals(self, counters: TcpCounters) -> int:
+        """Bytes that reached the kernel on this stream since the last look, in any order: its
+        new data segments at the full segment size (a slight over-count, never under)."""
+        new, self.segs_in = counters.data_segs_in - self.segs_in, counters.data_segs_in
+        return new * counters.rcv_mss
 
     @property
     def has_room(self) -> bool:
@@ -592,6 +600,7 @@ class HubClient:
         conn.pending[sent.req_id] = sent
         conn.pending_bytes += sent.nbytes
         conn.unarrived += 1
+        conn.settled = False
         conn.last_sent = sent.sent_at
         try:
             async with conn.send_lock:
@@ -618,8 +627,8 @@ class HubClient:
                 self._report_loss(conn, msg.retransmitted)
         if conn.arrivals is not None:
             conn.arrivals.completed(msg.req_id, conn.reader.consumed)
+        self._poll_arrivals()  # first, so that the ack's rate sample counts this reply's bytes
         self._arrived(conn, sent)
-        self._poll_arrivals()
         sent.reply = msg
         sent.done.set()
         if sent.pieces:
@@ -654,14 +663,28 @@ class HubClient:
             self._next_publish = now + PUBLISH_PERIOD
 
     def _poll_arrivals(self) -> None:
-        """Ack the prefetch replies that have reached the kernel, though TCP holds them back."""
+        """Tell the controller what has reached the spoke's kernel on every connection (on a
+        lossy path it bounds the bandwidth samples), then ack the prefetch replies that have
+        arrived, though TCP holds them back."""
+        now = trio.current_time()
+        arrived = 0
+        looked = False
+        trackers: list[tuple[_Connection, TcpCounters]] = []
         for conn in self._conns:
-            if conn.arrivals is None or not conn.pending:
+            if conn.settled:
                 continue
             counters = tcp.counters(conn.stream)
             if counters is None:
                 continue
-            now = trio.current_time()
+            looked = True
+            arrived += conn.count_arrivals(counters)
+            conn.settled = not conn.pending  # a last look after the last reply, for its tail
+            if conn.arrivals is not None and conn.pending:
+                trackers.append((conn, counters))
+        if looked:  # even with nothing new: the count is current as of now
+            self._pipe.on_path_arrivals(now, arrived)
+        for conn, counters in trackers:
+            assert conn.arrivals is not None
             for req_id in conn.arrivals.observe(counters):
                 sent = conn.pending.get(req_id)
                 # A reply "arrived" sooner than a round trip is the estimate overshooting

@@ -7,7 +7,9 @@ the long path is 100 Mbit/s at 900 ms (BDP 11 MB). "Loss" is per request (see li
 import pytest
 
 from fabric.congestion import BBR, BBRState, Cubic
-from fabric.congestion.bbr import HIGH_GAIN, PACING_GAIN_CYCLE, PACING_MARGIN, PROBE_RTT_CWND_GAIN
+from fabric.congestion.bbr import (ARRIVAL_CAP_SPAN, HELD_ALLOWANCE_MAX, HIGH_GAIN,
+                                   PACING_GAIN_CYCLE, PACING_MARGIN, PROBE_RTT_CWND_GAIN,
+                                   SUSTAINED_LOSS_SECONDS)
 from bench.linksim import AppLimit, FlowSpec, LinkConfig, simulate
 
 MSS = 64 * 1024
@@ -87,11 +89,16 @@ def test_holds_rate_under_one_percent_loss_where_cubic_does_not(
     assert bbr.flows[0].snapshots[-1][1].btl_bw == pytest.approx(rate, rel=0.02)
 
 
-def _steady_pipe(cc, n, *, lose=()):
-    """Feed n requests sent every MSS/RATE and acked RTT later; ids in `lose` are lost instead."""
+def _steady_pipe(cc, n, *, lose=(), rtt=RTT, path_loss=False):
+    """Feed n requests sent every MSS/RATE and acked `rtt` later; ids in `lose` are lost
+    instead; with `path_loss`, the transport reports a resent segment every second."""
     dt = MSS / RATE
-    events = [(i * dt, 0, i) for i in range(n)] + [(i * dt + RTT, 1, i) for i in range(n)]
+    events = [(i * dt, 0, i) for i in range(n)] + [(i * dt + rtt, 1, i) for i in range(n)]
+    reported = -1
     for t, kind, i in sorted(events):
+        if path_loss and int(t) > reported:
+            reported = int(t)
+            cc.on_path_loss(t, 1)
         if kind == 0:
             cc.on_packet_sent(t, i, MSS)
         elif i in lose:
@@ -112,6 +119,22 @@ def test_loss_does_not_lower_the_model_or_the_rate():
     assert lossy.pacing_rate / lossy.pacing_gain == pytest.approx(
         clean.pacing_rate / clean.pacing_gain, rel=0.01
     )
+
+
+@pytest.mark.parametrize("rtt, requests", [(RTT, 2500), (0.9, 6000)])
+def test_the_window_has_room_for_held_replies_while_the_transport_reports_loss(rtt, requests):
+    """Replies held behind TCP's holes count in flight: while loss goes on the window grows by
+    a BDP, at most HELD_ALLOWANCE_MAX of BtlBw (on the 900 ms path, a ninth of one); a clean
+    path, or one whose reports are older than ARRIVAL_CAP_SPAN, gets none."""
+    clean, lossy, healed = (BBR(seed=3, mss=MSS) for _ in range(3))
+    _report_loss(healed, SUSTAINED_LOSS_SECONDS, until=-ARRIVAL_CAP_SPAN)
+    for cc in (clean, lossy, healed):
+        _steady_pipe(cc, requests, rtt=rtt, path_loss=cc is lossy)
+        assert cc.state is BBRState.PROBE_BW
+    assert lossy.btl_bw == pytest.approx(clean.btl_bw)
+    room = lossy.cwnd - clean.cwnd
+    assert room == pytest.approx(clean.btl_bw * min(rtt, HELD_ALLOWANCE_MAX), rel=0.02)
+    assert healed.cwnd == clean.cwnd
 
 
 def test_a_loss_takes_only_the_lost_bytes_out_of_cwnd():
@@ -178,6 +201,42 @@ def test_probe_rtt_is_not_skipped_on_samples_older_than_the_recent_window():
     last_min_sample = 30 * 0.06
     entered = next(t for t, s in states if s is BBRState.PROBE_RTT)
     assert last_min_sample + 10.0 < entered < last_min_sample + 10.0 + 2 * 0.075
+
+
+def _report_loss(cc, seconds, *, until=0.0):
+    """One loss report in each of the ``seconds`` whole seconds before ``until``."""
+    for k in range(seconds, 0, -1):
+        cc.on_path_loss(until - k, 1)
+
+
+def _burst_estimate(loss_seconds: int, start: float = 1.0) -> float:
+    """BtlBw after ten requests sent at ``start`` are acked together 0.2 s later (a delivery
+    rate of 10 MSS / 0.2 s), of which the receiver's kernel had got only half (a release of
+    replies TCP held behind a hole); loss reported in ``loss_seconds`` seconds before 0."""
+    cc = BBR(seed=0, mss=MSS)
+    _report_loss(cc, loss_seconds)
+    cc.on_path_arrivals(start, 0)  # the count the sends are measured from
+    for pid in range(10):
+        cc.on_packet_sent(start, pid, MSS)
+    cc.on_path_arrivals(start + 0.2, 5 * MSS)  # the spoke looks just before it acks
+    for pid in range(10):
+        cc.on_packet_acked(start + 0.2, pid)
+    return cc.btl_bw
+
+
+def test_bandwidth_samples_are_capped_by_what_reached_the_receiver_while_loss_goes_on():
+    assert _burst_estimate(SUSTAINED_LOSS_SECONDS) == pytest.approx(5 * MSS / 0.2)
+
+
+def test_without_sustained_loss_bandwidth_samples_are_not_capped():
+    """On a clean path a reply arrives as it comes; the cap, an average over the round trip,
+    would only sink the estimate of bursty traffic. A queue that overflowed for a second or two
+    (start-up) is not loss that goes on, nor is loss reported longer ago than the span."""
+    uncapped = 10 * MSS / 0.2
+    assert _burst_estimate(0) == pytest.approx(uncapped)
+    assert _burst_estimate(SUSTAINED_LOSS_SECONDS - 1) == pytest.approx(uncapped)
+    late = _burst_estimate(SUSTAINED_LOSS_SECONDS, start=1.0 + ARRIVAL_CAP_SPAN)
+    assert late == pytest.approx(uncapped)
 
 
 def test_minimum_window_is_four_of_the_largest_recent_requests():

@@ -481,3 +481,23 @@ async def test_arrivals_are_polled_while_the_hub_reports_loss_and_not_once_it_st
             await trio.sleep(0.1)
             assert steps.steps > quiet + 5  # a new report starts it again
         nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_the_controller_counts_what_reached_the_kernel_on_every_connection(
+        export_dir: Path) -> None:
+    """Demand and prefetch replies alike: BBR caps its bandwidth samples by these counts while
+    the hub reports loss, so a connection left out would make the cap too low."""
+    e = entry(export_dir, BIG)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        async with running_client(hub.port) as client:
+            sampler = client._pipe.controller.sampler
+            await read_and_check(client, export_dir, BIG, 0, 8)
+            demand = sampler.arrived
+            assert demand >= 8 * BLOCK_SIZE
+            got = await client.read(e.file_id, e.version, 8, 200, priority="prefetch",
+                                    deadline=trio.current_time() + 2.0)
+            assert got == blocks_of(export_dir, BIG, 8, 200)
+            assert sampler.arrived - demand >= 200 * BLOCK_SIZE
+        nursery.cancel_scope.cancel()

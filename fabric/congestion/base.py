@@ -50,6 +50,8 @@ class SentPacket:
     delivered_time: float  # when `delivered` last grew, as of this send
     first_sent_time: float  # send time of the packet that opened the current send phase
     is_app_limited: bool
+    arrived: int = 0  # bytes the receiver had got off the path when this was sent
+    arrived_time: float | None = None  # when that count was taken (None: nothing counts)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class RateSample:
     prior_in_flight: int  # bytes in flight just before this ack
     losses: int  # bytes declared lost since the previous ack
     is_app_limited: bool
+    arrived: int = 0  # bytes the receiver got off the path between this send and this ack
+    arrival_interval: float = 0.0  # seconds between the two counts `arrived` is the difference of
 
     @property
     def valid(self) -> bool:
@@ -74,6 +78,12 @@ class RateSample:
     def delivery_rate(self) -> float:
         """Bytes per second over the sample interval, 0 when the sample is not valid."""
         return self.delivered / self.interval if self.valid else 0.0
+
+    @property
+    def arrival_rate(self) -> float:
+        """Bytes per second that reached the receiver over about this packet's round trip (0
+        without counts): what the path carried, however the transport released it."""
+        return self.arrived / self.arrival_interval if self.arrival_interval > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,9 @@ class CongestionController(Protocol):
     def on_path_loss(self, now: float, nbytes: int) -> None:
         """The transport below resent `nbytes` (TCP repaired a loss the packets never showed)."""
 
+    def on_path_arrivals(self, now: float, nbytes: int) -> None:
+        """`nbytes` more reached the receiver off the path, in any order (its kernel's count)."""
+
     def on_app_limited(self, now: float) -> None:
         """cwnd had room but the application had nothing to request."""
 
@@ -168,6 +181,9 @@ class DeliveryRateSampler:
         self._app_limited_until = 0  # tcp_rate.c's tp->app_limited: 0, or a delivered mark
         self._lost_at_last_ack = 0
         self._in_flight: dict[int, SentPacket] = {}
+        self.arrived = 0  # bytes the receiver got off the path (``on_arrived``)
+        self.arrived_time = 0.0  # when they were last counted
+        self.counts_arrivals = False  # whether anything reports them
 
     @property
     def is_app_limited(self) -> bool:
@@ -195,6 +211,8 @@ class DeliveryRateSampler:
             delivered_time=self.delivered_time,
             first_sent_time=self._first_sent_time,
             is_app_limited=self.is_app_limited,
+            arrived=self.arrived,
+            arrived_time=self.arrived_time if self.counts_arrivals else None,
         )
         self._in_flight[packet_id] = packet
         self.bytes_in_flight += nbytes
@@ -228,6 +246,9 @@ class DeliveryRateSampler:
             prior_in_flight=prior_in_flight,
             losses=losses,
             is_app_limited=packet.is_app_limited,
+            arrived=self.arrived - packet.arrived,
+            arrival_interval=(0.0 if packet.arrived_time is None
+                              else _quantize(self.arrived_time - packet.arrived_time)),
         )
         if sample.valid and (not sample.is_app_limited or sample.delivery_rate > self.latest_rate):
             self.latest_rate = sample.delivery_rate
@@ -250,6 +271,17 @@ class DeliveryRateSampler:
             # The app-limited period ends when the packets in flight at the mark are delivered;
             # these bytes were none of them.
             self._app_limited_until += nbytes
+
+    def on_arrived(self, now: float, nbytes: int) -> None:
+        """Count bytes that reached the receiver off the path, in any order, up to ``now``
+        (0 when a look found nothing new: the count is current as of then): the transport's
+        own view (TCP's segment counters), which a held-back, then released, reply cannot
+        inflate the way it does the delivery rate (see ``BBR._update_bw``). An arrival rate
+        is timed from count to count, not from send to ack: a count taken a poll before the
+        send would otherwise add a poll's arrivals to the round trip's."""
+        self.arrived += max(nbytes, 0)
+        self.arrived_time = now
+        self.counts_arrivals = True
 
     def on_lost(self, packet_id: int) -> SentPacket:
         packet = self._pop(packet_id)
@@ -319,6 +351,10 @@ class SampledController:
     def on_path_loss(self, now: float, nbytes: int) -> None:
         """Loss repaired below the packets: only BBR's STARTUP exit uses it (BBR v1 and CUBIC
         react to their own packets' loss, which this is not)."""
+
+    def on_path_arrivals(self, now: float, nbytes: int) -> None:
+        """Bytes the receiver got off the path: they bound BBR's bandwidth samples."""
+        self.sampler.on_arrived(now, nbytes)
 
     def _stats(self, *, state: str, btl_bw: float, min_rtt: float) -> CongestionStats:
         s = self.sampler

@@ -10,8 +10,10 @@ recovery. Losses only take the lost bytes out of cwnd, which later acks grow bac
 model's target - the kernel's arithmetic outside its first recovery round - so loss never
 lowers the pacing rate or the bandwidth model. Added: PROBE_RTT is skipped when a recent RTT
 sample came within 1/8 of min_rtt (as Chromium QUIC's BBR may), PROBE_RTT holds half a BDP
-rather than 4 packets (BBR v2), the minimum window is 4 requests rather than 4 segments, and
-STARTUP also ends on loss that TCP repaired below the requests (BBR v2's loss threshold).
+rather than 4 packets (BBR v2), the minimum window is 4 requests rather than 4 segments,
+STARTUP also ends on loss that TCP repaired below the requests (BBR v2's loss threshold), and
+while the transport below keeps reporting such loss, no bandwidth sample exceeds what reached
+the receiver and the window has room for the replies TCP holds behind its holes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import enum
 import math
 import random
+from collections import deque
 
 from .base import (
     DEFAULT_INITIAL_RTT,
@@ -98,6 +101,33 @@ than the link keeps the flow app-limited, which the growth test ignores, so STAR
 pacing bursts at 2.9x into a one-BDP bottleneck buffer: 15,868 tail drops in a full-size cold
 sequential `bench.repro` run. Random loss below this share does not end it."""
 
+ARRIVAL_CAP_SPAN = 10.0
+"""While the transport below has reported loss (``on_path_loss``) in ``SUSTAINED_LOSS_SECONDS``
+distinct seconds of the last this many, bandwidth samples are capped at the rate at which
+bytes reached the receiver over the sample's round trip (``on_path_arrivals``). TCP hands
+replies over in order: at 1 % loss replies held behind a hole are released together while the
+other connections' acks keep the delivery clock running, a burst of "delivery" far above the
+link that the max filter keeps (BtlBw 29.6-31.9 MB/s median on a 25 MB/s link in
+``bench.transport``), and the pacing that follows it keeps the bottleneck queue full and
+overflowing. No cap on a clean path: there replies arrive as they come, and a cap, an average
+over a round trip, sank the estimate of bursty app-limited traffic (the arrival cap of 30 Nov,
+reverted; docs/transport.md)."""
+
+SUSTAINED_LOSS_SECONDS = 5
+"""Random loss on a busy path is reported every second; a queue overflowing once (BBR's
+start-up on a clean path) is reported in one or two, and is over before held replies matter."""
+
+HELD_ALLOWANCE_MAX = 0.1
+"""While loss goes on (``ARRIVAL_CAP_SPAN``), PROBE_BW's window has room for one more
+BDP, but for no more than this many seconds at BtlBw: the replies TCP holds behind a hole,
+about a round trip's worth on a busy connection (the request round trip is about twice
+min_rtt at 60 ms / 1 %), count in flight until they are released or seen to arrive. Without
+the room, two BDPs left the window full and a 60 ms / 1 % link at 88.1-89.5 % of line rate
+after start-up (92-94 % before the cap, when the inflated estimate made the window larger).
+The bound is the kernel's for its own window allowance for acks that come late and together
+(``bbr_extra_acked_max_us``): on a 900 ms path a whole extra BDP only queued at the bottleneck
+(demand p99 5-6 round trips against 3 in a 60 s run) and carried no more."""
+
 PACING_MARGIN = 0.01
 """Pace 1 % below the estimate so the bottleneck queue drains on average."""
 
@@ -148,6 +178,8 @@ class BBR(SampledController):
         self._full_bw_count = 0
         self._round_resent = 0  # bytes the transport resent during this round
         self._round_delivered_mark = 0  # sampler.delivered when this round started
+        self._loss_seconds: deque[int] = deque()  # recent whole seconds with a loss report
+        self._sustained_loss = False  # as of the latest ack
         self._cycle_index = 0
         self._cycle_stamp = 0.0
         self._prior_cwnd = 0
@@ -189,6 +221,7 @@ class BBR(SampledController):
 
     def on_packet_acked(self, now: float, packet_id: int) -> None:
         rs = self.sampler.on_acked(now, packet_id)
+        self._sustained_loss = self._loss_is_sustained(now)
         self._update_bw(rs)
         self._update_cycle_phase(rs)
         self._check_full_bw_reached(rs)
@@ -213,6 +246,8 @@ class BBR(SampledController):
             self.round_count += 1
             self._round_start = True
         bw = rs.delivery_rate
+        if self._sustained_loss and rs.arrival_interval > 0:
+            bw = min(bw, rs.arrival_rate)
         # App-limited samples show the application's rate, not the path's: keep them out
         # unless they are at least as high as the current estimate.
         if not rs.is_app_limited or bw >= self.btl_bw:
@@ -240,7 +275,19 @@ class BBR(SampledController):
         self._cycle_stamp = self.sampler.delivered_time
 
     def on_path_loss(self, now: float, nbytes: int) -> None:
-        self._round_resent += max(nbytes, 0)
+        if nbytes > 0:
+            self._round_resent += nbytes
+            second = math.floor(now)
+            if not self._loss_seconds or self._loss_seconds[-1] != second:
+                self._loss_seconds.append(second)
+
+    def _loss_is_sustained(self, now: float) -> bool:
+        """Whether loss was reported in ``SUSTAINED_LOSS_SECONDS`` distinct seconds of the
+        last ``ARRIVAL_CAP_SPAN``."""
+        seconds = self._loss_seconds
+        while seconds and seconds[0] < now - ARRIVAL_CAP_SPAN:
+            seconds.popleft()
+        return len(seconds) >= SUSTAINED_LOSS_SECONDS
 
     def _check_full_bw_reached(self, rs: RateSample) -> None:
         if self.full_bw_reached or not self._round_start:
@@ -364,6 +411,8 @@ class BBR(SampledController):
         # while inflight < cwnd, and one larger than the spare window must still pipeline.
         largest = max(self.mss, self._request_size.get() or 0)
         target = self._inflight(self.btl_bw, self.cwnd_gain) + largest - self.mss
+        if self._sustained_loss and self.state is BBRState.PROBE_BW:
+            target += int(self.btl_bw * min(self.min_rtt, HELD_ALLOWANCE_MAX))
         cwnd = self._cwnd
         if self.full_bw_reached:
             cwnd = min(cwnd + acked, target)  # grow toward, or snap down to, the target

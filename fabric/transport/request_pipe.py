@@ -256,6 +256,10 @@ class RequestPipe:
         """The hub reports that its TCP resent ``nbytes`` (protocol version >= 3)."""
         self.controller.on_path_loss(self._since(now), nbytes)
 
+    def on_path_arrivals(self, now: float, nbytes: int) -> None:
+        """``nbytes`` more reached the spoke's kernel, in any order (TCP's segment counts)."""
+        self.controller.on_path_arrivals(self._since(now), nbytes)
+
     def send_demand(self, now: float, nbytes: int) -> None:
         """Charge a demand request of ``nbytes``, sent now, to the pacer."""
         t = self._since(now)
