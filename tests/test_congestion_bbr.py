@@ -121,6 +121,12 @@ def test_loss_does_not_lower_the_model_or_the_rate():
     )
 
 
+def _report_loss(cc, seconds, *, until=0.0):
+    """One loss report in each of the ``seconds`` whole seconds before ``until``."""
+    for k in range(seconds, 0, -1):
+        cc.on_path_loss(until - k, 1)
+
+
 @pytest.mark.parametrize("rtt, requests", [(RTT, 2500), (0.9, 6000)])
 def test_the_window_has_room_for_held_replies_while_the_transport_reports_loss(rtt, requests):
     """Replies held behind TCP's holes count in flight: while loss goes on the window grows by
@@ -201,12 +207,6 @@ def test_probe_rtt_is_not_skipped_on_samples_older_than_the_recent_window():
     last_min_sample = 30 * 0.06
     entered = next(t for t, s in states if s is BBRState.PROBE_RTT)
     assert last_min_sample + 10.0 < entered < last_min_sample + 10.0 + 2 * 0.075
-
-
-def _report_loss(cc, seconds, *, until=0.0):
-    """One loss report in each of the ``seconds`` whole seconds before ``until``."""
-    for k in range(seconds, 0, -1):
-        cc.on_path_loss(until - k, 1)
 
 
 def _burst_estimate(loss_seconds: int, start: float = 1.0) -> float:
