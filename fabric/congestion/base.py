@@ -182,8 +182,7 @@ class DeliveryRateSampler:
         self._lost_at_last_ack = 0
         self._in_flight: dict[int, SentPacket] = {}
         self.arrived = 0  # bytes the receiver got off the path (``on_arrived``)
-        self.arrived_time = 0.0  # when they were last counted
-        self.counts_arrivals = False  # whether anything reports them
+        self.arrived_time: float | None = None  # when they were last counted (None: never)
 
     @property
     def is_app_limited(self) -> bool:
@@ -212,7 +211,7 @@ class DeliveryRateSampler:
             first_sent_time=self._first_sent_time,
             is_app_limited=self.is_app_limited,
             arrived=self.arrived,
-            arrived_time=self.arrived_time if self.counts_arrivals else None,
+            arrived_time=self.arrived_time,
         )
         self._in_flight[packet_id] = packet
         self.bytes_in_flight += nbytes
@@ -247,7 +246,7 @@ class DeliveryRateSampler:
             losses=losses,
             is_app_limited=packet.is_app_limited,
             arrived=self.arrived - packet.arrived,
-            arrival_interval=(0.0 if packet.arrived_time is None
+            arrival_interval=(0.0 if packet.arrived_time is None or self.arrived_time is None
                               else _quantize(self.arrived_time - packet.arrived_time)),
         )
         if sample.valid and (not sample.is_app_limited or sample.delivery_rate > self.latest_rate):
@@ -281,7 +280,6 @@ class DeliveryRateSampler:
         send would otherwise add a poll's arrivals to the round trip's."""
         self.arrived += max(nbytes, 0)
         self.arrived_time = now
-        self.counts_arrivals = True
 
     def on_lost(self, packet_id: int) -> SentPacket:
         packet = self._pop(packet_id)
