@@ -17,8 +17,10 @@ block every ``DEMAND_INTERVAL`` and records its latency. Clients:
 Goodput counts verified block bytes delivered to the caller, as a fraction of the link's line
 rate; "after start-up" skips the first ``max(2 s, 20 RTT)``. Demand latency is measured after
 start-up, while prefetch fills the pipe. The controller's bandwidth estimate (its median after
-start-up) and the packets the emulator's full queue dropped (hub to spoke) show whether the
-pacing overfills the bottleneck. The loopback row runs hub and spoke on 127.0.0.1 with
+start-up), the packets the emulator's full queue dropped (hub to spoke) and how long packets
+waited in that queue after start-up (p50 and p99, as the upper bounds of the emulator's
+histogram buckets) show whether the pacing overfills the bottleneck, and how much of a demand
+read's latency is that queue. The loopback row runs hub and spoke on 127.0.0.1 with
 no emulation. Root is needed for the namespaces. The export file is sparse, under /var/tmp.
 """
 
@@ -27,15 +29,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import operator
 import os
 import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 
 EXPORT_DIR = Path("/var/tmp/neuralcache-bench/transport-export")
 EXPORT_FILE = "data.bin"
@@ -294,6 +300,8 @@ class Row:
     startup: float  # seconds treated as start-up
     btl_bw: float  # the controller's bandwidth estimate, bytes/s, median after start-up
     tail_drops: int | None  # hub-to-spoke packets the emulator's full queue dropped
+    queue_p50: float = math.nan  # ms, hub-to-spoke packets' wait at the bottleneck, after
+    queue_p99: float = math.nan  # start-up (bucket upper bounds; nan on loopback)
 
 
 def summarize(link: str, client: str, line_rate: float, rtt: float, duration: float,
@@ -309,9 +317,12 @@ def summarize(link: str, client: str, line_rate: float, rtt: float, duration: fl
     lost = result["model"][-1]["lost_packets"] if result["model"] else 0
     btl_bw = sorted(s["btl_bw"] for s in result["model"] if s["t"] >= startup)
     drops = result.get("tail_drops")  # none on loopback
+    waits = result.get("queue_wait_ms")  # the same
     return Row(link, client, line_rate, rtt, whole, after, _quantile(ranked, 0.5),
                _quantile(ranked, 0.99), len(done), len(window), lost, startup,
-               _quantile(btl_bw, 0.5), drops)
+               _quantile(btl_bw, 0.5), drops,
+               *((queue_wait_quantile(waits, 0.5), queue_wait_quantile(waits, 0.99))
+                 if waits else ()))
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -322,6 +333,10 @@ def _quantile(values: list[float], q: float) -> float:
 
 def _tail_drops(wire: dict[str, Any]) -> int:
     return int(wire["hub_to_spoke"]["queue_dropped_packets"])
+
+
+def _queue_waits(wire: dict[str, Any]) -> list[int]:
+    return list(wire["hub_to_spoke"]["queue_wait_ms"])
 
 
 def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[str, Any]:
@@ -376,9 +391,21 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
                 "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
                 "--duration", str(duration), "--connections", str(connections)))
             dropped = _tail_drops(wan.stats())
-            result = _run_pair(hub_cmd, load_cmd, duration)
+            # The queue's waits after start-up, as the demand latencies are: counters taken
+            # when start-up ends, while the pair runs.
+            at_startup: list[dict[str, Any]] = []
+            timer = threading.Timer(max(MIN_STARTUP, STARTUP_RTTS * link.rtt),
+                                    lambda: at_startup.append(wan.stats()))
+            timer.start()
+            try:
+                result = _run_pair(hub_cmd, load_cmd, duration)
+            finally:
+                timer.cancel()
             result["wire"] = wan.stats()  # the link's counters so far, every client's
             result["tail_drops"] = _tail_drops(result["wire"]) - dropped
+            if at_startup:
+                result["queue_wait_ms"] = list(map(
+                    operator.sub, _queue_waits(result["wire"]), _queue_waits(at_startup[0])))
             _save(save, f"{link.rtt * 1000:.0f}ms-{link.loss:g}-{client}", result)
             row = summarize(link.label, client, link.rate_bps / 8, link.rtt, duration, result)
             print(format_row(row), file=sys.stderr, flush=True)
@@ -427,8 +454,8 @@ def _rate(x: float, line: float) -> str:
 
 HEADER = ("| link | client | goodput, whole run | goodput after start-up | demand p50 | "
           "demand p99 | p99 / RTT | demand reads done | lost requests | BtlBw, median "
-          "after start-up | tail drops |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+          "after start-up | tail drops | queue wait p50 / p99 |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def format_row(r: Row) -> str:
@@ -437,7 +464,15 @@ def format_row(r: Row) -> str:
     return (f"| {r.link} | {r.client} | {_rate(r.whole, r.line_rate)} | "
             f"{_rate(r.after, r.line_rate)} | {_ms(r.p50)} | {_ms(r.p99)} | {ratio} | "
             f"{r.demand_done}/{r.demand_issued} | {r.lost} | {_bw(r.btl_bw)} | "
-            f"{'-' if r.tail_drops is None else f'{r.tail_drops:,}'} |")
+            f"{'-' if r.tail_drops is None else f'{r.tail_drops:,}'} | "
+            f"{_wait(r.queue_p50)} / {_wait(r.queue_p99)} |")
+
+
+def _wait(ms: float) -> str:
+    """A queue-wait bucket's upper bound: "<= 30 ms"."""
+    if math.isnan(ms):
+        return "-"
+    return f"> {QUEUE_WAIT_BOUNDS_MS[-1]} ms" if math.isinf(ms) else f"<= {ms:g} ms"
 
 
 def _bw(x: float) -> str:

@@ -21,13 +21,19 @@ delay are monotonic, a single deque ordered by arrival time is the whole state.
 
 from __future__ import annotations
 
+import bisect
 import random
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 BITS_PER_BYTE = 8
 QUEUE_SLACK_BYTES = 0.5  # backlog computed from float times may be off by a hair; below
 # half a byte it is rounding, not a queued packet, and must not cause a tail drop
+QUEUE_WAIT_BOUNDS_MS = (1, 2, 5, 10, 20, 30, 45, 60, 90, 120, 200, 300, 450, 600, 900, 1200)
+"""Upper bounds (ms) of the queue-wait histogram's buckets, a last one catching the rest:
+fine enough to tell a fraction of a 60 ms round trip from a whole one, and to reach a full
+one-BDP queue on a 900 ms path. What a packet waited behind the bottleneck is the part of a
+reply's latency the sender's pacing decides."""
 
 
 @dataclass
@@ -45,9 +51,25 @@ class DirectionCounters:
     lost_bytes: int = 0
     queue_dropped_packets: int = 0
     queue_dropped_bytes: int = 0
+    queue_wait_ms: list[int] = field(  # accepted packets per QUEUE_WAIT_BOUNDS_MS bucket
+        default_factory=lambda: [0] * (len(QUEUE_WAIT_BOUNDS_MS) + 1))
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | list[int]]:
         return asdict(self)
+
+
+def queue_wait_quantile(counts: list[int], q: float) -> float:
+    """The upper bound (ms) of the bucket holding quantile ``q`` of a ``queue_wait_ms``
+    histogram (inf for the last bucket, nan when empty): an upper bound on that quantile."""
+    total = sum(counts)
+    if not total:
+        return float("nan")
+    rank, seen = q * total, 0
+    for bound, count in zip((*QUEUE_WAIT_BOUNDS_MS, float("inf")), counts):
+        seen += count
+        if seen >= rank:
+            return float(bound)
+    return float("inf")
 
 
 class LinkDirection:
@@ -94,6 +116,8 @@ class LinkDirection:
             self.counters.queue_dropped_bytes += size
             return False
         start = max(now, self._busy_until)
+        wait_ms = (start - now) * 1000
+        self.counters.queue_wait_ms[bisect.bisect_left(QUEUE_WAIT_BOUNDS_MS, wait_ms)] += 1
         self._busy_until = start + size * BITS_PER_BYTE / self.rate_bps
         self._in_flight.append((self._busy_until + self.delay, packet))
         return True

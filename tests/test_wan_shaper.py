@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.wan import LinkSpec, parse_rate, parse_rtt
-from bench.wan_shaper import QUEUE_SLACK_BYTES, LinkDirection
+from bench.wan_shaper import (QUEUE_SLACK_BYTES, QUEUE_WAIT_BOUNDS_MS, LinkDirection,
+                              queue_wait_quantile)
 
 MTU = 1500
 RATE = 8e6  # 1 MB/s: a 1000-byte packet takes exactly 1 ms to serialize
@@ -58,6 +59,23 @@ def test_tail_drop_when_queue_full_and_room_again_after_draining() -> None:
     assert link.backlog_bytes(0.001) == pytest.approx(2000)
     assert link.enqueue(0.001, bytes(1000))
     assert not link.enqueue(0.001, bytes(1000))
+
+
+def test_each_accepted_packet_is_counted_by_how_long_it_waited_to_be_serialized() -> None:
+    """Ten 1000-byte packets offered at once wait 0, 1, ..., 9 ms behind each other; a
+    dropped one waits for nothing and is not counted."""
+    link = LinkDirection(rate_bps=RATE, delay=DELAY, queue_bytes=10 * MTU)
+    for _ in range(10):
+        assert link.enqueue(0.0, bytes(1000))
+    assert not link.enqueue(0.0, bytes(10 * MTU))
+    expected = [0] * (len(QUEUE_WAIT_BOUNDS_MS) + 1)
+    for wait_ms in range(10):  # bounds 1, 2, 5, 10: waits 0-1, 2, 3-5, 6-9 ms
+        expected[next(i for i, b in enumerate(QUEUE_WAIT_BOUNDS_MS) if wait_ms <= b)] += 1
+    assert link.counters.queue_wait_ms == expected == [2, 1, 3, 4] + [0] * 13
+    assert queue_wait_quantile(link.counters.queue_wait_ms, 0.5) == 5
+    assert queue_wait_quantile(link.counters.queue_wait_ms, 0.99) == 10
+    assert math.isnan(queue_wait_quantile([0] * len(expected), 0.5))
+    assert queue_wait_quantile([0] * (len(expected) - 1) + [1], 0.5) == math.inf
 
 
 def test_queue_bound_does_not_count_packets_already_on_the_wire() -> None:
