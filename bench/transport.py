@@ -10,7 +10,8 @@ through a synthetic export file) while a separate task issues a demand read of o
 block every ``DEMAND_INTERVAL`` and records its latency. Clients:
 
 * ``bbr`` / ``cubic``: ``fabric.client.HubClient`` with that congestion controller (the kernel
-  TCP under it is BBR in both cases; the hub sets it on its sockets);
+  TCP under its bulk connections is BBR in both cases, under its demand connections CUBIC;
+  both ends set it, by the role the hello gives);
 * ``naive``: one plain TCP connection fetching one 4 KiB block at a time (a demand read takes
   the next turn).
 

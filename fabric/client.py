@@ -45,7 +45,7 @@ from .checksum import bad_blocks, intact
 from .congestion import CongestionStats, create_controller
 from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, MetaReply,
                        MetaRequest, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
-                       ReadReply, ReadRequest, Welcome, encode)
+                       ReadReply, ReadRequest, Role, Welcome, encode)
 from .transport import tcp
 from .transport.arrivals import ArrivalTracker, TcpCounters
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
@@ -131,7 +131,7 @@ WATCHDOG_PERIOD = 1.0
 PRIORITIES = {"demand": Priority.DEMAND, "prefetch": Priority.PREFETCH}
 """The ``priority`` names ``HubClient.read`` accepts."""
 
-DEMAND, BULK = "demand", "bulk"  # connection roles
+DEMAND, BULK = Role.DEMAND, Role.BULK  # connection roles
 
 
 class HubUnavailable(Exception):
@@ -803,10 +803,11 @@ class HubClient:
     async def _dial(self, role: str) -> _Connection:
         stream = await trio.open_tcp_stream(self.host, self.port)
         try:
-            tcp.configure(stream, self.tcp_congestion)
+            tcp.configure(stream, tcp.DEMAND_CONGESTION if role == DEMAND
+                          else self.tcp_congestion)
             reader = FrameReader(stream)
             greeted = trio.current_time()
-            await stream.send_all(encode(Hello(PROTOCOL_VERSION, self._hello_name)))
+            await stream.send_all(encode(Hello(PROTOCOL_VERSION, self._hello_name, role)))
             msg = await reader.receive()
             hello_rtt = trio.current_time() - greeted
             if msg is None:

@@ -31,7 +31,7 @@ from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
                        MetaReply, MetaRequest, ProtocolError, ReadManyRequest, ReadRequest,
-                       Welcome, encode)
+                       Role, Welcome, encode)
 from .transport import tcp
 from .transport.fair_queue import FairQueue
 from .transport.framing import (Frame, FrameReader, read_many_reply_frame, read_reply_frame,
@@ -148,9 +148,12 @@ class HubServer:
             if hasattr(stream, "setsockopt"):
                 tcp.configure(stream, self._tcp_congestion)
             reader = FrameReader(stream)
-            spoke = await self._greet(stream, reader)
-            if spoke is None:
+            hello = await self._greet(stream, reader)
+            if hello is None:
                 return
+            spoke = hello.client
+            if hello.role == Role.DEMAND and hasattr(stream, "setsockopt"):
+                tcp.configure(stream, tcp.DEMAND_CONGESTION)
             self._joined(spoke)
             outbox = _Outbox(OUTBOX_FRAMES)
             report = retransmissions if reader.version >= LOSS_REPORT_VERSION else None
@@ -181,8 +184,8 @@ class HubServer:
             del self._spokes[spoke]
             hub_metrics.HUB_CONNECTED_SPOKES.dec()
 
-    async def _greet(self, stream: trio.abc.Stream, reader: FrameReader) -> str | None:
-        """Answer the hello; the spoke's name, or None if it hung up before saying anything."""
+    async def _greet(self, stream: trio.abc.Stream, reader: FrameReader) -> Hello | None:
+        """Answer the hello and return it; None if the spoke hung up before saying anything."""
         msg = await reader.receive()
         if msg is None:
             return None
@@ -195,7 +198,7 @@ class HubServer:
             raise ProtocolError(f"spoke {msg.client!r} speaks protocol {msg.version}")
         reader.version = msg.version
         await stream.send_all(encode(Welcome(msg.version, self.export.root)))
-        return msg.client
+        return msg
 
     async def _reader(self, reader: FrameReader, spoke: str, nursery: trio.Nursery,
                       outbox: _Outbox, report: _Retransmissions | None) -> None:

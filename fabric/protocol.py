@@ -17,11 +17,11 @@ import msgpack
 
 from neuralcache.blocks import block_count
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """Bumped on any incompatible change; the hub refuses a hello outside
 ``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``,
-version 3 ``ReadReply.retransmitted``, version 4 ``ReadManyRequest`` and ``ReadManyReply``. A
-hub serves every older spoke, so upgrade hubs first."""
+version 3 ``ReadReply.retransmitted``, version 4 ``ReadManyRequest`` and ``ReadManyReply``,
+version 5 ``Hello.role``. A hub serves every older spoke, so upgrade hubs first."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """Oldest spoke protocol a hub still serves: version 1 sends 5-field ReadRequests (all demand)."""
@@ -72,13 +72,25 @@ class ErrorCode:
     ALL = frozenset({BAD_REQUEST, NOT_FOUND, STALE, IO_ERROR, VERSION_MISMATCH})
 
 
+class Role:
+    """What a connection carries (``Hello.role``, protocol version >= 5): each end sets the
+    connection's TCP congestion control by it (``fabric.transport.tcp``)."""
+
+    BULK = "bulk"  # prefetch chunks, the pipe the spoke's controller keeps full
+    DEMAND = "demand"  # small reads a reader is blocked on, one or two at a time
+
+    ALL = frozenset({BULK, DEMAND})
+
+
 @dataclass(frozen=True)
 class Hello:
-    """First message from the spoke."""
+    """First message from the spoke. A spoke of version 4 or older sends no ``role`` (None),
+    and its connections are all taken as bulk."""
 
     KIND: ClassVar[int] = 1
     version: int
     client: str
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -254,8 +266,9 @@ def _fields(msg: Message) -> list[Any]:
         return [msg.req_id, list(msg.sizes), msg.data, msg.checksums,
                 [list(e) for e in msg.errors], msg.retransmitted]
     fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
-    if isinstance(msg, ReadReply) and msg.retransmitted is None:
-        fields.pop()  # the version-2 form
+    if (isinstance(msg, ReadReply) and msg.retransmitted is None
+            or isinstance(msg, Hello) and msg.role is None):
+        fields.pop()  # the form of an older version
     return fields
 
 
@@ -265,6 +278,14 @@ def encode(msg: Message) -> bytes:
     if len(payload) > MAX_FRAME:
         raise ValueError(f"message of {len(payload)} bytes exceeds MAX_FRAME")
     return _HEADER.pack(len(payload)) + payload
+
+
+def _decode_hello(fields: list[Any]) -> Hello:
+    _expect(len(fields) in (2, 3), "Hello needs 2 or 3 fields")
+    _expect(_is_uint(fields[0]) and isinstance(fields[1], str), "malformed Hello")
+    _expect(len(fields) == 2 or (isinstance(fields[2], str) and fields[2] in Role.ALL),
+            "Hello has an unknown role")
+    return Hello(*fields)
 
 
 def _decode_meta_reply(fields: list[Any]) -> MetaReply:
@@ -323,7 +344,6 @@ def _decode_read_many_reply(fields: list[Any]) -> ReadManyReply:
 
 # (class, field validators) for messages whose fields are all scalars.
 _SIMPLE: dict[int, tuple[type, tuple[Any, ...]]] = {
-    Hello.KIND: (Hello, (_is_uint, lambda v: isinstance(v, str))),
     Welcome.KIND: (Welcome, (_is_uint, lambda v: isinstance(v, str))),
     MetaRequest.KIND: (MetaRequest, (_is_uint,)),
     ReadRequest.KIND: (ReadRequest, (*(_is_uint,) * 5, _is_priority)),
@@ -344,6 +364,8 @@ def decode_payload(payload: bytes, version: int = PROTOCOL_VERSION) -> Message:
     _expect(isinstance(raw, list) and len(raw) >= 1, "payload is not a non-empty array")
     kind, fields = raw[0], raw[1:]
     _expect(_is_uint(kind), f"message kind {kind!r} is not an unsigned integer")
+    if kind == Hello.KIND:
+        return _decode_hello(fields)
     if kind == MetaReply.KIND:
         return _decode_meta_reply(fields)
     if kind == ReadReply.KIND:

@@ -11,6 +11,7 @@ import math
 import random
 import socket
 import struct
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ from fabric.client import (CHECKSUM_ATTEMPTS, ChecksumError, HubClient, HubUnava
 from fabric.export import Export
 from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PROTOCOL_VERSION,
                              ErrorCode, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
-                             MetaReply, MetaRequest, ReadManyReply, ReadReply, ReadRequest, Welcome,
-                             encode)
+                             MetaReply, MetaRequest, ReadManyReply, ReadReply, ReadRequest, Role,
+                             Welcome, encode)
+from fabric.transport import tcp
 from fabric.transport.resend_rate import ResendRate
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, flip_reply, metric,
@@ -501,3 +503,37 @@ async def test_the_controller_counts_what_reached_the_kernel_on_every_connection
             assert got == blocks_of(export_dir, BIG, 8, 200)
             assert sampler.arrived - demand >= 200 * BLOCK_SIZE
         nursery.cancel_scope.cancel()
+
+
+def _hub_side_congestion(port: int) -> dict[int, str]:
+    """The congestion control of each connection the hub listening on ``port`` has accepted,
+    by the spoke's port (``ss``: the hub's sockets are not reachable from here)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    # Each connection is a line of addresses, then an indented line that starts with its
+    # congestion control.
+    return {int(addresses.split()[-1].rpartition(":")[2]): info.split()[0]
+            for addresses, info in zip(out[::2], out[1::2])}
+
+
+@trio_test
+async def test_demand_connections_are_not_paced_at_either_end(export_dir: Path) -> None:
+    """BBR paces a demand connection's few-segment replies at what they measure (a few KB per
+    round trip); both ends of a demand connection run ``DEMAND_CONGESTION`` instead, told by
+    the hello's role, and bulk connections keep the spoke's choice."""
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        async with running_client(hub.port) as client:
+            await read_and_check(client, export_dir, BIG, 0, 8)
+            conns = {c.stream.socket.getsockname()[1]: c for c in client._conns}
+            hub_side = _hub_side_congestion(hub.port)
+            roles = {c.role for c in conns.values()}
+            assert roles == {Role.BULK, Role.DEMAND}
+            for port, conn in conns.items():
+                spoke_side = tcp.configure(conn.stream, None)  # reads it, changes nothing
+                assert hub_side[port] == spoke_side
+                if conn.role == Role.DEMAND:
+                    assert spoke_side == tcp.DEMAND_CONGESTION
+                elif "bbr" in tcp.available_congestion_controls():
+                    assert spoke_side == "bbr"
+        hub.stop()

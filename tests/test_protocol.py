@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, MAX_READ_BLOCKS, MAX_READ_RANGES,
                              READ_MANY_VERSION, ErrorCode, ErrorReply, FrameDecoder, Hello,
                              Message, MetaEntry, MetaReply, MetaRequest, Priority, ProtocolError,
-                             ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Welcome,
+                             ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role, Welcome,
                              decode_payload, encode)
 from fabric.transport.framing import read_many_reply_frame, read_many_reply_size
 from neuralcache.blocks import BLOCK_SIZE, block_count
@@ -66,7 +66,7 @@ def read_many_replies(draw: st.DrawFn, max_ranges: int = 4) -> ReadManyReply:
 
 
 MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
-    Hello: st.builds(Hello, U64, TEXT),
+    Hello: st.builds(Hello, U64, TEXT, st.none() | st.sampled_from(sorted(Role.ALL))),
     Welcome: st.builds(Welcome, U64, TEXT),
     MetaRequest: st.builds(MetaRequest, U64),
     MetaReply: st.builds(MetaReply, U64, st.lists(meta_entries, max_size=4).map(tuple),
@@ -206,13 +206,24 @@ def test_a_field_of_any_other_value_is_refused_or_decodes_canonically(
 def test_a_missing_or_extra_field_is_refused(msg: Message, extra: Any, drop: bool) -> None:
     # A read reply without the retransmitted count (version 2) plus an unsigned integer is the
     # version-3 form, and one with it less the count is the version-2 form: both are valid.
+    # So are a hello less its role (version 4) and one of version 4 plus a role.
     assume(not (isinstance(msg, ReadReply) and (
         drop and msg.retransmitted is not None
         or not drop and msg.retransmitted is None and type(extra) is int and extra >= 0)))
+    assume(not (isinstance(msg, Hello) and (
+        drop and msg.role is not None or not drop and msg.role is None and isinstance(extra, str) and extra in Role.ALL)))
     raw = msgpack.unpackb(encode(msg)[HEADER.size:], raw=False)
     raw = raw[:-1] if drop else raw + [extra]
     with pytest.raises(ProtocolError):
         decode_payload(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_a_hello_says_its_role_from_version_5_and_an_older_one_has_none() -> None:
+    assert decode_payload(msgpack.packb([Hello.KIND, 4, "old"])) == Hello(4, "old", None)
+    assert decode_payload(msgpack.packb([Hello.KIND, 5, "s", Role.DEMAND])).role == Role.DEMAND
+    for role in ("", "prefetch", 1, ["bulk"]):
+        with pytest.raises(ProtocolError):
+            decode_payload(msgpack.packb([Hello.KIND, 5, "s", role]))
 
 
 @given(kind=msgpack_values, fields=st.lists(msgpack_values, max_size=6))

@@ -20,6 +20,15 @@ from .arrivals import TcpCounters
 
 log = logging.getLogger(__name__)
 
+DEMAND_CONGESTION = "cubic"
+"""TCP congestion control of demand connections (``Role.DEMAND``), at both ends. They carry a
+request and its small reply (4-128 KiB) at a time and are idle in between, and BBR paces
+every segment at its bandwidth estimate, which on such a connection is what those replies
+measure: a few KB per round trip. A 4 KiB reply's three segments then left tens of
+milliseconds apart at 60 ms (docs/transport.md, "Demand connections without pacing"). CUBIC
+does not pace (without the fq qdisc), is built into every kernel, and its reaction to loss
+only shrinks a window that replies this small hardly use."""
+
 AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 """Congestion controls the running kernel has loaded, space-separated."""
 
