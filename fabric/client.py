@@ -804,8 +804,7 @@ class HubClient:
     async def _dial(self, role: str) -> _Connection:
         stream = await trio.open_tcp_stream(self.host, self.port)
         try:
-            tcp.configure(stream, tcp.DEMAND_CONGESTION if role == DEMAND
-                          else self.tcp_congestion)
+            tcp.configure(stream, tcp.congestion_for(role, self.tcp_congestion))
             reader = FrameReader(stream)
             greeted = trio.current_time()
             await stream.send_all(encode(Hello(PROTOCOL_VERSION, self._hello_name, role)))

@@ -31,7 +31,7 @@ from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
                        MetaReply, MetaRequest, ProtocolError, ReadManyRequest, ReadRequest,
-                       Role, Welcome, encode)
+                       Welcome, encode)
 from .transport import tcp
 from .transport.fair_queue import FairQueue
 from .transport.framing import (Frame, FrameReader, read_many_reply_frame, read_reply_frame,
@@ -145,15 +145,13 @@ class HubServer:
         spoke: str | None = None
         retransmissions = _Retransmissions(stream)
         try:
-            if hasattr(stream, "setsockopt"):
-                tcp.configure(stream, self._tcp_congestion)
             reader = FrameReader(stream)
             hello = await self._greet(stream, reader)
             if hello is None:
                 return
+            if hasattr(stream, "setsockopt"):  # by the role the hello gives
+                tcp.configure(stream, tcp.congestion_for(hello.role, self._tcp_congestion))
             spoke = hello.client
-            if hello.role == Role.DEMAND and hasattr(stream, "setsockopt"):
-                tcp.configure(stream, tcp.DEMAND_CONGESTION)
             self._joined(spoke)
             outbox = _Outbox(OUTBOX_FRAMES)
             report = retransmissions if reader.version >= LOSS_REPORT_VERSION else None

@@ -16,6 +16,7 @@ import socket
 import struct
 from pathlib import Path
 
+from ..protocol import Role
 from .arrivals import TcpCounters
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,12 @@ measure: a few KB per round trip. A 4 KiB reply's three segments then left tens 
 milliseconds apart at 60 ms (docs/transport.md, "Demand connections without pacing"). CUBIC
 does not pace (without the fq qdisc), is built into every kernel, and its reaction to loss
 only shrinks a window that replies this small hardly use."""
+
+def congestion_for(role: str | None, bulk: str | None) -> str | None:
+    """The congestion control a connection of ``role`` runs: ``DEMAND_CONGESTION`` on demand
+    connections, ``bulk`` on the rest (a hello without a role is a bulk connection's)."""
+    return DEMAND_CONGESTION if role == Role.DEMAND else bulk
+
 
 AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 """Congestion controls the running kernel has loaded, space-separated."""
