@@ -265,7 +265,8 @@ class Export:
         """``length`` bytes at ``offset`` if all of them are in the page cache, else WouldBlock.
         RWF_NOWAIT copies what it can without waiting and stops short where it would wait or
         start I/O: at a page not cached, and (seen on Linux 6.18) at a readahead mark, which
-        the blocking read in the thread then moves on."""
+        the blocking read in the thread then moves on. At a page not cached it starts the
+        readahead, and serves the page if a fast disk has read it by the time it looks again."""
         buf = bytearray(length)
         try:
             got = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)

@@ -33,6 +33,16 @@ def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
 
 LOCALHOST = "127.0.0.1"
 
+EVICTED_READ_TRIES = 20
+"""How many times a test drops a file's pages and reads it before it gives up on seeing the read
+find them gone. A nowait read that finds a page missing starts the kernel's readahead, and on a
+fast disk that read can finish before the nowait read looks at the page again, which then finds
+it cached and serves it. On this machine's virtual disk, with two busy processes beside the test,
+that happened in long runs of tries, as if the machine went through spells when it does."""
+
+EVICTED_READ_PAUSE = 0.05
+"""Seconds between those tries, so that they reach past such a spell."""
+
 
 def metric(name: str, labels: dict[str, str] | None = None) -> float:
     """Current value of a process-global metric sample (0 if the labelled child does not exist)."""

@@ -16,7 +16,8 @@ from fabric.export import Confinement, Export
 from fabric.hub import INLINE_MAX_BLOCKS
 from fabric.protocol import ErrorCode, MetaEntry
 from neuralcache.blocks import BLOCK_SIZE
-from tests.fabric_helpers import metric, running_client, start_hub, trio_test
+from tests.fabric_helpers import (EVICTED_READ_PAUSE, EVICTED_READ_TRIES, metric, running_client,
+                                  start_hub, trio_test)
 from tests.test_export import needs_openat2
 
 READS = "neuralcache_hub_reads_total"
@@ -67,9 +68,13 @@ async def test_a_small_read_of_cached_pages_is_served_inline(export_dir: Path) -
 @trio_test
 async def test_a_read_of_evicted_pages_goes_to_a_thread(export_dir: Path) -> None:
     export = Export(str(export_dir))
-    drop_page_cache(export_dir / "f.bin")
-    data, _, thread = await read_counted(export, 3, 4)
-    assert data == DATA[3 * BLOCK_SIZE:7 * BLOCK_SIZE]
+    for _ in range(EVICTED_READ_TRIES):
+        await trio.sleep(EVICTED_READ_PAUSE)
+        drop_page_cache(export_dir / "f.bin")
+        data, _, thread = await read_counted(export, 3, 4)
+        assert data == DATA[3 * BLOCK_SIZE:7 * BLOCK_SIZE]
+        if thread:
+            break
     assert thread >= 1
 
 
