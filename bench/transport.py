@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 
 EXPORT_DIR = Path("/var/tmp/neuralcache-bench/transport-export")
@@ -513,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         host, _, port = args.hub.rpartition(":")
         load_main(host, int(port), args.client, args.duration, args.connections, args.depth)
         return 0
+    exit_on_sigterm()  # so that a stopped run still removes its namespaces and processes
     duration = args.duration or (15.0 if args.quick else 60.0)
     export = make_export()
     rows: list[Row] = []
