@@ -11,7 +11,9 @@ connections have two roles:
   chunks as the controller's window and pacer allow, each sent on the bulk connection with
   the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
   kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
-  segment's stall and release would read to the controller as a burst of bandwidth.
+  segment's stall and release would read to the controller as a burst of bandwidth. The
+  hub's kernel paces their replies at most at a cap the spoke sends with the requests
+  (``PacingLimit``, ``transport.reply_pacing``), so its own TCP does not burst them.
 * **demand** (``demand_connections``, grown on need up to ``MAX_DEMAND_CONNECTIONS``): demand
   reads skip the prefetch queue and the pacer and go out at once on a connection that carries
   no prefetch, so a demand reply never waits behind megabytes of prefetch replies in one TCP
@@ -45,12 +47,13 @@ from . import metrics
 from .checksum import bad_blocks, intact
 from .congestion import CongestionStats, create_controller
 from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, MetaReply,
-                       MetaRequest, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
-                       ReadReply, ReadRequest, Role, Welcome, encode)
+                       MetaRequest, PacingLimit, Priority, ProtocolError, ReadManyReply,
+                       ReadManyRequest, ReadReply, ReadRequest, Role, Welcome, encode)
 from .transport import tcp
 from .transport.arrivals import ArrivalTracker, TcpCounters
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
+from .transport.reply_pacing import ReplyPacing
 from .transport.request_pipe import RequestPipe
 from .transport.resend_rate import ResendRate
 
@@ -246,6 +249,7 @@ class _Connection:
         self.arrivals = ArrivalTracker() if role == BULK else None
         self.segs_in = 0  # data segments the kernel had received at the last look
         self.settled = True  # looked at since its last reply: nothing more can arrive
+        self.pacing_limit: int | None = None  # the cap last sent to the hub (bulk connections)
 
     def count_arrivals(self, counters: TcpCounters) -> int:
         """Bytes that reached the kernel on this stream since the last look, in any order: its
@@ -344,6 +348,7 @@ class HubClient:
         self._state_label: tuple[str, str] | None = None
         self._next_publish = -math.inf
         self._resends = ResendRate()  # what the hub's TCP lately sent twice: hedge or not
+        self._reply_pacing = ReplyPacing()  # the cap the hub's kernel paces bulk replies at
 
     # -- public ----------------------------------------------------------------------------
 
@@ -592,6 +597,12 @@ class HubClient:
                 (j.file_id, j.version, f, c) for j, f, c in pieces)))
         if conn.arrivals is not None and not conn.closed:
             conn.arrivals.expect(sent.req_id, expected)
+        if conn.role == BULK:
+            stats = self._pipe.stats()
+            limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt)
+            if limit != conn.pacing_limit:
+                conn.pacing_limit = limit
+                frame = encode(PacingLimit(limit)) + frame
         await self._send(conn, sent, frame)
 
     async def _send(self, conn: _Connection, sent: _Sent, frame: bytes) -> None:

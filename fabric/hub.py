@@ -30,8 +30,8 @@ from .export import Export, ExportError, WouldBlock
 from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
-                       MetaReply, MetaRequest, ProtocolError, ReadManyRequest, ReadRequest,
-                       Welcome, encode)
+                       MetaReply, MetaRequest, PacingLimit, ProtocolError, ReadManyRequest,
+                       ReadRequest, Welcome, encode)
 from .transport import tcp
 from .transport.fair_queue import FairQueue
 from .transport.framing import (Frame, FrameReader, read_many_reply_frame, read_reply_frame,
@@ -157,7 +157,7 @@ class HubServer:
             report = retransmissions if reader.version >= LOSS_REPORT_VERSION else None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._writer, stream, outbox, retransmissions)
-                await self._reader(reader, spoke, nursery, outbox, report)
+                await self._reader(stream, reader, spoke, nursery, outbox, report)
                 nursery.cancel_scope.cancel()
         except* ProtocolError as group:
             metrics.PROTOCOL_ERRORS.labels("hub").inc()
@@ -198,8 +198,9 @@ class HubServer:
         await stream.send_all(encode(Welcome(msg.version, self.export.root)))
         return msg
 
-    async def _reader(self, reader: FrameReader, spoke: str, nursery: trio.Nursery,
-                      outbox: _Outbox, report: _Retransmissions | None) -> None:
+    async def _reader(self, stream: trio.abc.Stream, reader: FrameReader, spoke: str,
+                      nursery: trio.Nursery, outbox: _Outbox,
+                      report: _Retransmissions | None) -> None:
         """Serve the connection's requests; ``report`` (protocol >= 3) tells each read reply
         how much its connection has retransmitted."""
         slots = trio.Semaphore(self._max_outstanding)
@@ -207,6 +208,10 @@ class HubServer:
             msg = await reader.receive()
             if msg is None:
                 return
+            if isinstance(msg, PacingLimit):
+                if hasattr(stream, "setsockopt"):
+                    tcp.limit_pacing(stream, msg.rate)
+                continue
             if not isinstance(msg, (ReadRequest, ReadManyRequest, MetaRequest)):
                 raise ProtocolError(f"a spoke may not send {type(msg).__name__}")
             await slots.acquire()

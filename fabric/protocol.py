@@ -17,11 +17,12 @@ import msgpack
 
 from neuralcache.blocks import block_count
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """Bumped on any incompatible change; the hub refuses a hello outside
 ``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``,
 version 3 ``ReadReply.retransmitted``, version 4 ``ReadManyRequest`` and ``ReadManyReply``,
-version 5 ``Hello.role``. A hub serves every older spoke, so upgrade hubs first."""
+version 5 ``Hello.role``, version 6 ``PacingLimit``. A hub serves every older spoke, so
+upgrade hubs first."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """Oldest spoke protocol a hub still serves: version 1 sends 5-field ReadRequests (all demand)."""
@@ -34,6 +35,9 @@ LOSS_REPORT_VERSION = 3
 
 READ_MANY_VERSION = 4
 """First protocol version whose spokes may ask for several ranges in one request."""
+
+PACING_LIMIT_VERSION = 6
+"""First protocol version whose spokes may send ``PacingLimit``."""
 
 MAX_FRAME = 16 * 1024 * 1024
 """Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a
@@ -231,6 +235,16 @@ class ReadManyReply:
 
 
 @dataclass(frozen=True)
+class PacingLimit:
+    """The most bytes per second the hub's TCP may send on this connection: the spoke's
+    controller sets the rate, and a connection's own kernel BBR, which that pacing keeps
+    short of data, would otherwise burst its replies well above it (docs/transport.md)."""
+
+    KIND: ClassVar[int] = 10
+    rate: int
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """A request failed on the hub; ``code`` is one of ErrorCode."""
 
@@ -241,7 +255,7 @@ class ErrorReply:
 
 
 Message = Union[Hello, Welcome, MetaRequest, MetaReply, ReadRequest, ReadReply, ReadManyRequest,
-                ReadManyReply, ErrorReply]
+                ReadManyReply, PacingLimit, ErrorReply]
 
 
 def _expect(cond: bool, why: str) -> None:
@@ -347,6 +361,7 @@ _SIMPLE: dict[int, tuple[type, tuple[Any, ...]]] = {
     Welcome.KIND: (Welcome, (_is_uint, lambda v: isinstance(v, str))),
     MetaRequest.KIND: (MetaRequest, (_is_uint,)),
     ReadRequest.KIND: (ReadRequest, (*(_is_uint,) * 5, _is_priority)),
+    PacingLimit.KIND: (PacingLimit, (_is_uint,)),
     ErrorReply.KIND: (ErrorReply, (_is_uint, lambda v: isinstance(v, str) and v in ErrorCode.ALL,
                                    lambda v: isinstance(v, str))),
 }
@@ -375,7 +390,8 @@ def decode_payload(payload: bytes, version: int = PROTOCOL_VERSION) -> Message:
     if kind == ReadManyReply.KIND:
         return _decode_read_many_reply(fields)
     spec = _SIMPLE.get(kind)
-    _expect(spec is not None, f"unknown message kind {kind!r}")
+    _expect(spec is not None and (kind != PacingLimit.KIND or version >= PACING_LIMIT_VERSION),
+            f"unknown message kind {kind!r}")
     cls, checks = spec  # type: ignore[misc]
     if kind == ReadRequest.KIND and version < PRIORITY_VERSION:
         checks = checks[:5]  # no priority field: the request is demand

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import re
 import socket
 import struct
 import subprocess
@@ -514,6 +515,53 @@ def _hub_side_congestion(port: int) -> dict[int, str]:
     # congestion control.
     return {int(addresses.split()[-1].rpartition(":")[2]): info.split()[0]
             for addresses, info in zip(out[::2], out[1::2])}
+
+
+_SS_RATE = re.compile(r"([\d.]+)([KMG]?)bps")
+_SS_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
+
+
+def _hub_side_pacing_caps(port: int) -> dict[int, float | None]:
+    """The cap on the kernel's pacing (bytes/s) of each connection the hub listening on
+    ``port`` has accepted, None where there is none, by the spoke's port (``ss`` prints a
+    capped pacing rate as RATE/CAP, in bits per second)."""
+    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    caps: dict[int, float | None] = {}
+    for addresses, info in zip(out[::2], out[1::2]):
+        found = re.search(r"pacing_rate \S+/(\S+)", info)
+        rate = _SS_RATE.fullmatch(found.group(1)) if found else None
+        caps[int(addresses.split()[-1].rpartition(":")[2])] = (
+            float(rate.group(1)) * _SS_UNITS[rate.group(2)] / 8 if rate else None)
+    return caps
+
+
+@trio_test
+async def test_the_hub_paces_bulk_replies_at_most_at_the_cap_the_spoke_sends(
+        export_dir: Path) -> None:
+    """The spoke's controller sets the rate: with its first prefetch request on a bulk
+    connection the spoke sends a cap (``PacingLimit``), and the hub's kernel paces that
+    connection's replies at most at it; demand connections are left uncapped."""
+    e = entry(export_dir, BIG)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        async with running_client(hub.port) as client:
+            await read_and_check(client, export_dir, BIG, 0, 8)
+            got = await client.read(e.file_id, e.version, 8, 200, priority="prefetch",
+                                    deadline=trio.current_time() + 5.0)
+            assert got == blocks_of(export_dir, BIG, 8, 200)
+            caps = _hub_side_pacing_caps(hub.port)
+            sent = {c.stream.socket.getsockname()[1]: c.pacing_limit for c in client._conns}
+            capped = [port for port, limit in sent.items() if limit is not None]
+            assert capped  # the prefetch read went out on a bulk connection, with a cap
+            for port, limit in sent.items():
+                if limit is None:
+                    assert caps[port] is None
+                else:
+                    assert caps[port] == pytest.approx(limit, rel=0.01)
+            assert all(c.role == Role.BULK for c in client._conns
+                       if c.stream.socket.getsockname()[1] in capped)
+        hub.stop()
 
 
 @trio_test

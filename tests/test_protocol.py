@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, MAX_READ_BLOCKS, MAX_READ_RANGES,
-                             READ_MANY_VERSION, ErrorCode, ErrorReply, FrameDecoder, Hello,
-                             Message, MetaEntry, MetaReply, MetaRequest, Priority, ProtocolError,
-                             ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role, Welcome,
-                             decode_payload, encode)
+                             PACING_LIMIT_VERSION, READ_MANY_VERSION, ErrorCode, ErrorReply,
+                             FrameDecoder, Hello, Message, MetaEntry, MetaReply, MetaRequest,
+                             PacingLimit, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
+                             ReadReply, ReadRequest, Role, Welcome, decode_payload, encode)
 from fabric.transport.framing import read_many_reply_frame, read_many_reply_size
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
@@ -76,6 +76,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
                          st.none() | U64),
     ReadManyRequest: read_many_requests(max_ranges=4),
     ReadManyReply: read_many_replies(),
+    PacingLimit: st.builds(PacingLimit, U64),
     ErrorReply: st.builds(ErrorReply, U64, st.sampled_from(sorted(ErrorCode.ALL)), TEXT),
 }
 messages = st.one_of(*MESSAGE_STRATEGIES.values())
@@ -386,5 +387,13 @@ def test_a_read_many_request_is_unknown_below_its_protocol_version() -> None:
     assert decode_payload(payload, READ_MANY_VERSION) == ReadManyRequest(
         1, Priority.PREFETCH, ((1, 2, 0, 4), (3, 4, 8, 1)))
     for version in range(1, READ_MANY_VERSION):
+        with pytest.raises(ProtocolError, match="unknown message kind"):
+            decode_payload(payload, version)
+
+
+def test_a_pacing_limit_is_unknown_below_its_protocol_version() -> None:
+    payload = encode(PacingLimit(31_250_000))[HEADER.size:]
+    assert decode_payload(payload, PACING_LIMIT_VERSION) == PacingLimit(31_250_000)
+    for version in range(1, PACING_LIMIT_VERSION):
         with pytest.raises(ProtocolError, match="unknown message kind"):
             decode_payload(payload, version)

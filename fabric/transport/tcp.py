@@ -106,3 +106,27 @@ def retransmitted_bytes(sock: socket.socket | object) -> int | None:
     """Bytes ``sock`` has sent more than once since it opened; None where the kernel lacks it."""
     info = _tcp_info(sock)
     return None if info is None else _BYTES_RETRANS.unpack_from(info, 208)[0]
+
+
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+"""Linux's cap on the rate (bytes/s) the kernel paces a socket's sends at; Python does not name
+it. It binds whatever paces: BBR (of any state) or the fq qdisc."""
+
+_PACING_RATE = struct.Struct("=Q")
+"""The option as a u64, which Linux takes since 4.20; an older kernel reads its low 32 bits."""
+
+UNLIMITED_PACING = 2 ** 64 - 1
+"""The option's "no cap" (~0UL), the kernel's default."""
+
+
+def limit_pacing(sock: socket.socket | object, rate: int) -> None:
+    """Cap the kernel's pacing of ``sock``'s sends at ``rate`` bytes/s. Where the kernel
+    refuses, warn once: the sends then go at the congestion control's own pace."""
+    try:
+        getattr(sock, "setsockopt")(socket.SOL_SOCKET, SO_MAX_PACING_RATE,
+                                    _PACING_RATE.pack(min(rate, UNLIMITED_PACING)))
+    except OSError as exc:
+        if "SO_MAX_PACING_RATE" not in _warned:
+            _warned.add("SO_MAX_PACING_RATE")
+            log.warning("cannot cap a connection's pacing rate (%s); replies go at its "
+                        "congestion control's pace", exc)

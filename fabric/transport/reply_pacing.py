@@ -1,0 +1,54 @@
+"""The cap a spoke asks the hub to put on the pacing of its bulk connections' replies, sans-IO.
+
+The spoke's controller paces the requests, and so the replies; but the hub's kernel sends each
+reply at the pace of that connection's own TCP congestion control. The kernel's BBR on a bulk
+connection sees only the share of the path our pacing gives it, so its samples are all
+application-limited, it never sees its bandwidth stop growing, and it stays in its start-up,
+pacing at 2.89 times what it measured: `ss -tin` in the hub's namespace showed bulk
+connections in start-up a minute into a run, pacing at up to 573 Mbit/s on a 200 Mbit/s link
+(docs/transport.md, "Capping the hub's pacing"). Their replies then leave in bursts above the
+bottleneck's rate and queue there, in front of the demand replies.
+
+``SO_MAX_PACING_RATE`` caps that pacing, so the spoke sends each bulk connection the highest
+rate its controller paced at over the last BBR gain cycle (at least ``MIN_WINDOW``; the cycle
+is eight round trips), times ``MARGIN``. Kept over the cycle, the cap does not dip and rise
+with each phase, and it lets through the 1.25 probing phase; it follows start-up as it grows.
+It is rounded up to a power of ``STEP`` so that small changes send nothing."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+MIN_WINDOW = 1.0
+"""Seconds the highest recent pacing rate is kept at least, on short paths."""
+
+CYCLE_ROUND_TRIPS = 10
+"""Round trips it is kept on long ones: BBR's eight-phase gain cycle, and two to spare."""
+
+MARGIN = 1.1
+"""The cap over that rate: the kernel paces wire bytes (headers, resent segments), the
+controller payload."""
+
+STEP = 2 ** (1 / 8)
+"""Caps are powers of this (~9 % apart), so the cap changes only when the rate moves by a step."""
+
+
+class ReplyPacing:
+    """The cap to ask for, from the controller's pacing rate at each request sent."""
+
+    def __init__(self) -> None:
+        self._recent: deque[tuple[float, float]] = deque()  # (time, rate), rates decreasing
+
+    def limit(self, now: float, pacing_rate: float, min_rtt: float) -> int:
+        """Bytes/s the hub should pace this spoke's bulk replies at most; ``min_rtt`` may be
+        inf before the first sample."""
+        while self._recent and self._recent[-1][1] <= pacing_rate:
+            self._recent.pop()
+        self._recent.append((now, pacing_rate))
+        window = max(MIN_WINDOW, CYCLE_ROUND_TRIPS * min_rtt) if math.isfinite(min_rtt) \
+            else MIN_WINDOW
+        while self._recent[0][0] < now - window:
+            self._recent.popleft()
+        highest = self._recent[0][1] * MARGIN
+        return math.ceil(STEP ** math.ceil(math.log(highest, STEP))) if highest > 1 else 1
