@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fabric.transport.reply_pacing import (CYCLE_ROUND_TRIPS, MARGIN, MIN_WINDOW, STEP,
                                            ReplyPacing)
+from fabric.transport.tcp import UNLIMITED_PACING
 
 RATE = 24e6  # bytes/s: a 200 Mbit/s link's payload
 BBR_GAINS = (1.25, 0.75, 1, 1, 1, 1, 1, 1)
@@ -60,6 +61,12 @@ def test_before_any_rtt_sample_the_window_is_the_shortest() -> None:
     pacing = ReplyPacing()
     high = pacing.limit(0.0, RATE, math.inf)
     assert pacing.limit(MIN_WINDOW * 1.01, RATE / 4, math.inf) < high
+
+
+def test_no_rate_yet_asks_for_no_cap() -> None:
+    """A cap of nothing would hold back the very replies the controller's first rate needs."""
+    for rate in (0.0, math.inf):
+        assert ReplyPacing().limit(0.0, rate, math.inf) == UNLIMITED_PACING
 
 
 @given(st.lists(st.tuples(st.floats(0, 0.5), st.floats(1e3, 1e10), st.floats(1e-4, 1.0)),

@@ -5,8 +5,8 @@ reply at the pace of that connection's own TCP congestion control. The kernel's 
 connection sees only the share of the path our pacing gives it, so its samples are all
 application-limited, it never sees its bandwidth stop growing, and it stays in its start-up,
 pacing at 2.89 times what it measured: `ss -tin` in the hub's namespace showed bulk
-connections in start-up a minute into a run, pacing at up to 573 Mbit/s on a 200 Mbit/s link
-(docs/transport.md, "Capping the hub's pacing"). Their replies then leave in bursts above the
+connections still in start-up 45 s into a run, pacing at up to 573 Mbit/s on a 200 Mbit/s link
+(docs/transport.md, "The pacing cap"). Their replies then leave in bursts above the
 bottleneck's rate and queue there, in front of the demand replies.
 
 ``SO_MAX_PACING_RATE`` caps that pacing, so the spoke sends each bulk connection the highest
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+
+from .tcp import UNLIMITED_PACING
 
 MIN_WINDOW = 1.0
 """Seconds the highest recent pacing rate is kept at least, on short paths."""
@@ -42,7 +44,8 @@ class ReplyPacing:
 
     def limit(self, now: float, pacing_rate: float, min_rtt: float) -> int:
         """Bytes/s the hub should pace this spoke's bulk replies at most; ``min_rtt`` may be
-        inf before the first sample."""
+        inf before the first sample. No cap (``UNLIMITED_PACING``) while the controller has no
+        rate to give: a cap of nothing would stop the replies its next rate depends on."""
         while self._recent and self._recent[-1][1] <= pacing_rate:
             self._recent.pop()
         self._recent.append((now, pacing_rate))
@@ -51,4 +54,6 @@ class ReplyPacing:
         while self._recent[0][0] < now - window:
             self._recent.popleft()
         highest = self._recent[0][1] * MARGIN
-        return math.ceil(STEP ** math.ceil(math.log(highest, STEP))) if highest > 1 else 1
+        if not (math.isfinite(highest) and highest >= 1):
+            return UNLIMITED_PACING
+        return math.ceil(STEP ** math.ceil(math.log(highest, STEP)))
