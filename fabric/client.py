@@ -109,13 +109,6 @@ HEDGE_MAX_BLOCKS = 32
 """Demand reads up to this many blocks (128 KiB, one FUSE read) go out on two connections;
 doubling a larger read would cost more bandwidth than a loss costs it in time."""
 
-LOSSY_RESENT_RATIO = 0.001
-"""The path counts as lossy while the hub's TCP has lately resent at least this share of the
-bytes delivered (``ResendRate``). Then small demand reads are hedged: at 1 % random loss a
-second copy saves a demand read the retransmission's round trip; on a clean path it only
-doubled the bytes of every small miss (a cold shuffled ``bench.repro`` run moved 604-617 MB
-over the WAN hedged, 559 MB not). And prefetch chunks stay small (``chunk_bytes``)."""
-
 PUBLISH_PERIOD = 0.05
 """Seconds between exports of the controller's model to Prometheus (acks come ~1000/s)."""
 
@@ -277,10 +270,10 @@ def stagger_step(span: float, connections: int, rtt: float) -> float:
     return span / connections
 
 
-def demand_copies(count: int, resent_ratio: float) -> int:
+def demand_copies(count: int, lossy: bool) -> int:
     """Copies of a demand read of ``count`` blocks to send at once: two of a small one while
-    the path is losing segments (``resent_ratio``, see LOSSY_RESENT_RATIO), else one."""
-    if 0 < count <= HEDGE_MAX_BLOCKS and resent_ratio >= LOSSY_RESENT_RATIO:
+    the path is ``lossy`` (``ResendRate.lossy``), else one."""
+    if 0 < count <= HEDGE_MAX_BLOCKS and lossy:
         return HEDGE_COPIES
     return 1
 
@@ -509,7 +502,7 @@ class HubClient:
         """Send the demand read (and again after a loss or a bad reply) until it finishes."""
         while not job.finished:
             if job.resend:
-                copies = demand_copies(job.count, self._resends.ratio(trio.current_time()))
+                copies = demand_copies(job.count, self._resends.lossy(trio.current_time()))
                 conns = self._pick_demand(copies)
                 if not conns:
                     if trio.current_time() >= deadline:
@@ -561,7 +554,7 @@ class HubClient:
                 await self._wake.wait()
                 continue
             now = trio.current_time()
-            out = self._pipe.poll(now, self._resends.ratio(now) >= LOSSY_RESENT_RATIO)
+            out = self._pipe.poll(now, self._resends.lossy(now))
             if out is None:
                 await self._wake.wait()
             elif isinstance(out, float):

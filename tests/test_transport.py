@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from fabric import checksum
 from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
-                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, LOSSY_RESENT_RATIO, HubClient,
+                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, HubClient,
                            demand_copies, stagger_step)
 from fabric.congestion import CongestionStats, create_controller
 from fabric.congestion.base import SampledController
@@ -38,7 +38,8 @@ from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, Fram
                              decode_payload, encode)
 from fabric.transport.arrivals import ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
-from fabric.transport.resend_rate import BUCKET_S, RESEND_WINDOW_S, ResendRate
+from fabric.transport.resend_rate import (BUCKET_S, LOSSY_RESENT_RATIO, RESEND_WINDOW_S,
+                                          ResendRate)
 from fabric.transport.framing import FrameReader, read_reply_frame, read_reply_size, send_frame
 from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_HEADROOM,
                                            MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
@@ -678,11 +679,18 @@ async def test_the_pool_its_hedged_demand_and_its_model_in_the_metrics(export_di
 
 
 def test_small_demand_reads_are_hedged_only_while_the_path_loses_segments() -> None:
-    assert demand_copies(1, 0.0) == 1
-    assert demand_copies(1, LOSSY_RESENT_RATIO / 2) == 1
-    assert demand_copies(1, LOSSY_RESENT_RATIO) == HEDGE_COPIES
-    assert demand_copies(HEDGE_MAX_BLOCKS, 0.01) == HEDGE_COPIES
-    assert demand_copies(HEDGE_MAX_BLOCKS + 1, 0.01) == 1  # too large to send twice
+    assert demand_copies(1, False) == 1
+    assert demand_copies(1, True) == HEDGE_COPIES
+    assert demand_copies(HEDGE_MAX_BLOCKS, True) == HEDGE_COPIES
+    assert demand_copies(HEDGE_MAX_BLOCKS + 1, True) == 1  # too large to send twice
+
+
+def test_the_path_is_lossy_from_the_resent_share_on() -> None:
+    for resent, lossy in ((0, False), (LOSSY_RESENT_RATIO / 2, False), (LOSSY_RESENT_RATIO, True)):
+        rate = ResendRate()
+        rate.on_delivered(0.0, 10**6)
+        rate.on_resent(0.0, int(resent * 10**6))
+        assert rate.lossy(0.5) is lossy
 
 
 def test_bulk_connections_are_staggered_only_on_paths_where_it_ends_before_start_up() -> None:

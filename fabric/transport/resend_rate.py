@@ -4,7 +4,8 @@ TCP repairs every segment loss below our requests, so the spoke learns of loss o
 hub's reports (protocol version 3: each read reply carries the bytes its connection resent).
 ``ResendRate`` sets them against the reply bytes that arrived over the last ``window`` seconds:
 on a clean path it is 0, at 1 % random loss about 0.01. The client hedges small demand reads
-only while it is above a threshold, so a clean path does not pay for every such read twice.
+and keeps prefetch chunks small only while it is above ``LOSSY_RESENT_RATIO``, so a clean path
+does not pay for every such read twice.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ RESEND_WINDOW_S = 10.0
 enough that a burst of tail drops during start-up is forgotten soon after."""
 BUCKET_S = 1.0
 """Granularity of the history: the window slides a bucket at a time."""
+
+LOSSY_RESENT_RATIO = 0.001
+"""The path counts as lossy while the hub's TCP has lately resent at least this share of the
+bytes delivered. Then small demand reads are hedged: at 1 % random loss a second copy saves a
+demand read the retransmission's round trip; on a clean path it only doubled the bytes of
+every small miss (a cold shuffled ``bench.repro`` run moved 604-617 MB over the WAN hedged,
+559 MB not). And prefetch chunks stay small (``request_pipe.chunk_bytes``)."""
 
 
 class ResendRate:
@@ -42,6 +50,10 @@ class ResendRate:
         """Resent over delivered bytes in the window; 0 while nothing was delivered in it."""
         delivered, resent = self.totals(now)
         return resent / delivered if delivered > 0 else 0.0
+
+    def lossy(self, now: float) -> bool:
+        """Whether the path is lately losing segments (``LOSSY_RESENT_RATIO``)."""
+        return self.ratio(now) >= LOSSY_RESENT_RATIO
 
     def totals(self, now: float) -> tuple[float, float]:
         """(delivered, resent) bytes in the window: everything reported in the last ``window``
