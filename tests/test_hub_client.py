@@ -506,15 +506,19 @@ async def test_the_controller_counts_what_reached_the_kernel_on_every_connection
         nursery.cancel_scope.cancel()
 
 
-def _hub_side_congestion(port: int) -> dict[int, str]:
-    """The congestion control of each connection the hub listening on ``port`` has accepted,
-    by the spoke's port (``ss``: the hub's sockets are not reachable from here)."""
+def _hub_side_tcp_info(port: int) -> dict[int, str]:
+    """``ss``'s TCP info line for each connection the hub listening on ``port`` has accepted,
+    by the spoke's port (the hub's sockets are not reachable from here)."""
     out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
                          capture_output=True, text=True, check=True).stdout.splitlines()
-    # Each connection is a line of addresses, then an indented line that starts with its
-    # congestion control.
-    return {int(addresses.split()[-1].rpartition(":")[2]): info.split()[0]
+    # Each connection is a line of addresses, then an indented line of its TCP info.
+    return {int(addresses.split()[-1].rpartition(":")[2]): info
             for addresses, info in zip(out[::2], out[1::2])}
+
+
+def _hub_side_congestion(port: int) -> dict[int, str]:
+    """The congestion control of each hub-side connection (the info line starts with it)."""
+    return {spoke: info.split()[0] for spoke, info in _hub_side_tcp_info(port).items()}
 
 
 _SS_RATE = re.compile(r"([\d.]+)([KMG]?)bps")
@@ -522,17 +526,13 @@ _SS_UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
 
 
 def _hub_side_pacing_caps(port: int) -> dict[int, float | None]:
-    """The cap on the kernel's pacing (bytes/s) of each connection the hub listening on
-    ``port`` has accepted, None where there is none, by the spoke's port (``ss`` prints a
-    capped pacing rate as RATE/CAP, in bits per second)."""
-    out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    """The cap on the kernel's pacing (bytes/s) of each hub-side connection, None where there
+    is none (``ss`` prints a capped pacing rate as RATE/CAP, in bits per second)."""
     caps: dict[int, float | None] = {}
-    for addresses, info in zip(out[::2], out[1::2]):
+    for spoke, info in _hub_side_tcp_info(port).items():
         found = re.search(r"pacing_rate \S+/(\S+)", info)
         rate = _SS_RATE.fullmatch(found.group(1)) if found else None
-        caps[int(addresses.split()[-1].rpartition(":")[2])] = (
-            float(rate.group(1)) * _SS_UNITS[rate.group(2)] / 8 if rate else None)
+        caps[spoke] = float(rate.group(1)) * _SS_UNITS[rate.group(2)] / 8 if rate else None
     return caps
 
 
