@@ -38,10 +38,10 @@ EVICTED_READ_TRIES = 20
 find them gone. A nowait read that finds a page missing starts the kernel's readahead, and on a
 fast disk that read can finish before the nowait read looks at the page again, which then finds
 it cached and serves it. On this machine's virtual disk, with two busy processes beside the test,
-that happened in long runs of tries, as if the machine went through spells when it does."""
+that happened for many tries in a row, then not for many."""
 
 EVICTED_READ_PAUSE = 0.05
-"""Seconds between those tries, so that they reach past such a spell."""
+"""Seconds between those tries, so that together they outlast such a run."""
 
 
 def metric(name: str, labels: dict[str, str] | None = None) -> float:
