@@ -37,7 +37,11 @@ STEP = 2 ** (1 / 8)
 
 
 class ReplyPacing:
-    """The cap to ask for, from the controller's pacing rate at each request sent."""
+    """The cap to ask for, from the controller's pacing rate at each request sent.
+
+    Not ``congestion.WindowedFilter``: its window is fixed and its maximum approximate (three
+    samples), where this one's window follows min_rtt and its maximum is exact, so that the
+    cap never falls below a rate the controller paced at within the cycle."""
 
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque()  # (time, rate), rates decreasing
