@@ -101,24 +101,17 @@ than the link keeps the flow app-limited, which the growth test ignores, so STAR
 pacing bursts at 2.9x into a one-BDP bottleneck buffer: 15,868 tail drops in a full-size cold
 sequential `bench.repro` run. Random loss below this share does not end it."""
 
-ARRIVAL_CAP_SPAN = 10.0
-"""While the transport below has reported loss (``on_path_loss``) in ``SUSTAINED_LOSS_SECONDS``
-distinct seconds of the last this many, bandwidth samples are capped at the rate at which
-bytes reached the receiver over the sample's round trip (``on_path_arrivals``). TCP hands
-replies over in order: at 1 % loss replies held behind a hole are released together while the
-other connections' acks keep the delivery clock running, a burst of "delivery" far above the
-link that the max filter keeps (BtlBw 29.6-31.9 MB/s median on a 25 MB/s link in
-``bench.transport``), and the pacing that follows it keeps the bottleneck queue full and
-overflowing. No cap on a clean path: there replies arrive as they come, and a cap, an average
-over a round trip, sank the estimate of bursty app-limited traffic (the arrival cap of 30 Nov,
-reverted; docs/transport.md)."""
+SUSTAINED_LOSS_SPAN = 10.0
+"""Loss reported by the transport below (``on_path_loss``) in ``SUSTAINED_LOSS_SECONDS``
+distinct seconds of the last this many is loss that goes on: it gives the window room for the
+replies TCP holds behind its holes (``HELD_ALLOWANCE_MAX``)."""
 
 SUSTAINED_LOSS_SECONDS = 5
 """Random loss on a busy path is reported every second; a queue overflowing once (BBR's
 start-up on a clean path) is reported in one or two, and is over before held replies matter."""
 
 HELD_ALLOWANCE_MAX = 0.1
-"""While loss goes on (``ARRIVAL_CAP_SPAN``), PROBE_BW's window has room for one more
+"""While loss goes on (``SUSTAINED_LOSS_SPAN``), PROBE_BW's window has room for one more
 BDP, but for no more than this many seconds at BtlBw: the replies TCP holds behind a hole,
 about a round trip's worth on a busy connection (the request round trip is about twice
 min_rtt at 60 ms / 1 %), count in flight until they are released or seen to arrive. Without
@@ -245,8 +238,12 @@ class BBR(SampledController):
             self._next_round_delivered = self.sampler.delivered
             self.round_count += 1
             self._round_start = True
+        # No more than reached the receiver over the sample's round trip: TCP hands replies
+        # over in order, and those held behind a hole (at 1 % loss, or after the bottleneck
+        # queue overflowed) come out together, a burst of "delivery" above the link that the
+        # max filter would keep while the other connections' acks keep the clock running.
         bw = rs.delivery_rate
-        if self._sustained_loss and rs.arrival_interval > 0:
+        if rs.arrival_interval > 0:
             bw = min(bw, rs.arrival_rate)
         # App-limited samples show the application's rate, not the path's: keep them out
         # unless they are at least as high as the current estimate.
@@ -283,9 +280,9 @@ class BBR(SampledController):
 
     def _loss_is_sustained(self, now: float) -> bool:
         """Whether loss was reported in ``SUSTAINED_LOSS_SECONDS`` distinct seconds of the
-        last ``ARRIVAL_CAP_SPAN``."""
+        last ``SUSTAINED_LOSS_SPAN``."""
         seconds = self._loss_seconds
-        while seconds and seconds[0] < now - ARRIVAL_CAP_SPAN:
+        while seconds and seconds[0] < now - SUSTAINED_LOSS_SPAN:
             seconds.popleft()
         return len(seconds) >= SUSTAINED_LOSS_SECONDS
 
