@@ -232,6 +232,7 @@ def test_bandwidth_samples_are_capped_by_what_reached_the_receiver(loss_seconds)
 
 
 def test_without_arrival_counts_bandwidth_samples_are_not_capped():
+    """The simulated link and other transports give no counts: their samples stand."""
     cc = BBR(seed=0, mss=MSS)
     for pid in range(10):
         cc.on_packet_sent(1.0, pid, MSS)

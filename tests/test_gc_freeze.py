@@ -17,6 +17,7 @@ def test_garbage_is_collected_first_and_what_lives_on_is_left_out_of_later_colle
     gone = weakref.ref(cycle)
     del cycle
     index = {(1, 1, block): block for block in range(1000)}
+    assert any(o is index for o in gc.get_objects())  # walked until the freeze
     try:
         freeze_long_lived()
         assert gone() is None
