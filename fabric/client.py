@@ -668,8 +668,8 @@ class HubClient:
             self._next_publish = now + PUBLISH_PERIOD
 
     def _poll_arrivals(self) -> None:
-        """Tell the controller what has reached the spoke's kernel on every connection (on a
-        lossy path it bounds the bandwidth samples), then ack the prefetch replies that have
+        """Tell the controller what has reached the spoke's kernel on every connection (it
+        bounds the bandwidth samples), then ack the prefetch replies that have
         arrived, though TCP holds them back."""
         now = trio.current_time()
         arrived = 0
