@@ -21,8 +21,9 @@ start-up, while prefetch fills the pipe. The controller's bandwidth estimate (it
 start-up), the packets the emulator's full queue dropped (hub to spoke) and how long packets
 waited in that queue after start-up (p50 and p99, as the upper bounds of the emulator's
 histogram buckets) show whether the pacing overfills the bottleneck, and how much of a demand
-read's latency is that queue. The loopback row runs hub and spoke on 127.0.0.1 with
-no emulation. Root is needed for the namespaces. The export file is sparse, under /var/tmp.
+read's latency is that queue. Under each emulated row, the hub kernel's retransmission
+timeouts, tail loss probes, spurious timeouts and resent segments over that run
+(``HUB_TCP_COUNTERS``). The loopback row runs hub and spoke on 127.0.0.1 with no emulation. Root is needed for the namespaces. The export file is sparse, under /var/tmp.
 """
 
 from __future__ import annotations
@@ -333,6 +334,33 @@ def _quantile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, math.ceil(q * len(values)) - 1)]
 
 
+HUB_TCP_COUNTERS = ("TcpExt:TCPTimeouts", "TcpExt:TCPLossProbes", "TcpExt:TCPSpuriousRTOs",
+                    "Tcp:RetransSegs")
+"""The hub's kernel counters kept per run (its namespace's own, ``/proc/net/netstat`` and
+``/proc/net/snmp``): retransmission timeouts, tail loss probes, timeouts later found spurious,
+and segments resent. A timeout sets a connection's window back to one segment, which on a long
+path takes many round trips to regrow; the loss probe is what the kernel tries before it."""
+
+
+def parse_mib(text: str) -> dict[str, int]:
+    """``/proc/net/netstat`` or ``/proc/net/snmp`` as ``{"Group:Name": value}``: each group is
+    a line of names followed by a line of values, both led by ``Group:``."""
+    counters: dict[str, int] = {}
+    lines = text.splitlines()
+    for names, values in zip(lines[::2], lines[1::2]):
+        group, _, names = names.partition(":")
+        for name, value in zip(names.split(), values.partition(":")[2].split()):
+            counters[f"{group}:{name}"] = int(value)
+    return counters
+
+
+def _hub_tcp(hub_ns: str) -> dict[str, int]:
+    out = subprocess.run(["ip", "netns", "exec", hub_ns, "cat", "/proc/net/netstat",
+                          "/proc/net/snmp"], capture_output=True, text=True, check=True).stdout
+    counters = parse_mib(out)
+    return {name: counters.get(name, 0) for name in HUB_TCP_COUNTERS}
+
+
 def _tail_drops(wire: dict[str, Any]) -> int:
     return int(wire["hub_to_spoke"]["queue_dropped_packets"])
 
@@ -393,6 +421,7 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
                 "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
                 "--duration", str(duration), "--connections", str(connections)))
             dropped = _tail_drops(wan.stats())
+            hub_tcp = _hub_tcp(wan.hub_ns)
             # The queue's waits after start-up, as the demand latencies are: counters taken
             # when start-up ends, while the pair runs.
             at_startup: list[dict[str, Any]] = []
@@ -405,12 +434,17 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
                 timer.cancel()
             result["wire"] = wan.stats()  # the link's counters so far, every client's
             result["tail_drops"] = _tail_drops(result["wire"]) - dropped
+            result["hub_tcp"] = {name: value - hub_tcp[name]
+                                 for name, value in _hub_tcp(wan.hub_ns).items()}
             if at_startup:
                 result["queue_wait_ms"] = list(map(
                     operator.sub, _queue_waits(result["wire"]), _queue_waits(at_startup[0])))
             _save(save, f"{link.rtt * 1000:.0f}ms-{link.loss:g}-{client}", result)
             row = summarize(link.label, client, link.rate_bps / 8, link.rtt, duration, result)
             print(format_row(row), file=sys.stderr, flush=True)
+            print("  hub TCP: " + ", ".join(f"{name.partition(':')[2]} {value:,}"
+                                            for name, value in result["hub_tcp"].items()),
+                  file=sys.stderr, flush=True)
             rows.append(row)
     return rows
 
