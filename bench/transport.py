@@ -23,7 +23,8 @@ waited in that queue after start-up (p50 and p99, as the upper bounds of the emu
 histogram buckets) show whether the pacing overfills the bottleneck, and how much of a demand
 read's latency is that queue. Under each emulated row, the hub kernel's retransmission
 timeouts, tail loss probes, spurious timeouts and resent segments over that run
-(``HUB_TCP_COUNTERS``). The loopback row runs hub and spoke on 127.0.0.1 with no emulation. Root is needed for the namespaces. The export file is sparse, under /var/tmp.
+(``HUB_TCP_COUNTERS``). The loopback row runs hub and spoke on 127.0.0.1 with no emulation.
+Root is needed for the namespaces. The export file is sparse, under /var/tmp.
 """
 
 from __future__ import annotations
