@@ -209,8 +209,7 @@ class HubServer:
             if msg is None:
                 return
             if isinstance(msg, PacingLimit):
-                if hasattr(stream, "setsockopt"):
-                    tcp.limit_pacing(stream, msg.rate)
+                tcp.limit_pacing(stream, msg.rate)
                 continue
             if not isinstance(msg, (ReadRequest, ReadManyRequest, MetaRequest)):
                 raise ProtocolError(f"a spoke may not send {type(msg).__name__}")

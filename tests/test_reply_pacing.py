@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fabric.transport.reply_pacing import (CYCLE_ROUND_TRIPS, MARGIN, MIN_WINDOW, STEP,
                                            ReplyPacing)
-from fabric.transport.tcp import UNLIMITED_PACING
+from fabric.transport.tcp import UNLIMITED_PACING, limit_pacing
 
 RATE = 24e6  # bytes/s: a 200 Mbit/s link's payload
 BBR_GAINS = (1.25, 0.75, 1, 1, 1, 1, 1, 1)
@@ -87,3 +87,8 @@ def test_the_cap_is_the_window_max_with_its_margin_rounded_up_a_step(
         highest = max(r for _, r in alive) * MARGIN
         assert highest * (1 - 1e-9) <= cap <= math.ceil(highest * STEP * (1 + 1e-9))
         assert cap == math.ceil(STEP ** round(math.log(cap, STEP)))
+
+
+def test_a_cap_for_a_stream_that_is_not_a_socket_is_left_unset() -> None:
+    """A hub serving a stream with no ``setsockopt`` (not a TCP socket) ignores the cap."""
+    assert limit_pacing(object(), 1_000_000) is None

@@ -120,11 +120,15 @@ UNLIMITED_PACING = 2 ** 64 - 1
 
 
 def limit_pacing(sock: socket.socket | object, rate: int) -> None:
-    """Cap the kernel's pacing of ``sock``'s sends at ``rate`` bytes/s. Where the kernel
-    refuses, warn once: the sends then go at the congestion control's own pace."""
+    """Cap the kernel's pacing of ``sock``'s sends at ``rate`` bytes/s; nothing if ``sock`` is
+    not a socket (no ``setsockopt``, as ``_tcp_info`` treats it). Where the kernel refuses,
+    warn once: the sends then go at the congestion control's own pace."""
+    setsockopt = getattr(sock, "setsockopt", None)
+    if setsockopt is None:
+        return
     try:
-        getattr(sock, "setsockopt")(socket.SOL_SOCKET, SO_MAX_PACING_RATE,
-                                    _PACING_RATE.pack(min(rate, UNLIMITED_PACING)))
+        setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE,
+                   _PACING_RATE.pack(min(rate, UNLIMITED_PACING)))
     except OSError as exc:
         if "SO_MAX_PACING_RATE" not in _warned:
             _warned.add("SO_MAX_PACING_RATE")
