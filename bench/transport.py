@@ -23,13 +23,17 @@ waited in that queue after start-up (p50 and p99, as the upper bounds of the emu
 histogram buckets) show whether the pacing overfills the bottleneck, and how much of a demand
 read's latency is that queue. Under each emulated row, the hub kernel's retransmission
 timeouts, tail loss probes, spurious timeouts and resent segments over that run
-(``HUB_TCP_COUNTERS``). The loopback row runs hub and spoke on 127.0.0.1 with no emulation.
+(``HUB_TCP_COUNTERS``). The loopback rows run hub and spoke on 127.0.0.1 with no emulation,
+after a row of plain TCP over the same number of connections (``bench.tcp_ceiling``): what
+this machine moves over loopback between two Python processes doing nothing else, the ceiling
+of the fabric's loopback rows.
 Root is needed for the namespaces. The export file is sparse, under /var/tmp.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import operator
@@ -44,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import tcp_ceiling
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 
@@ -109,6 +114,9 @@ LINKS = (
     Link("900 ms / 100 Mbit/s / 1 %", 0.900, 100e6, 0.01),
 )
 CLIENTS = ("bbr", "cubic", "naive")
+CEILING = "plain TCP"
+"""The loopback rows' ceiling: the same connections with nothing but TCP on them
+(``bench.tcp_ceiling``)."""
 
 
 def make_export() -> Path:
@@ -306,6 +314,7 @@ class Row:
     tail_drops: int | None  # hub-to-spoke packets the emulator's full queue dropped
     queue_p50: float = math.nan  # ms, hub-to-spoke packets' wait at the bottleneck, after
     queue_p99: float = math.nan  # start-up (bucket upper bounds; nan on loopback)
+    ceiling: float = math.nan  # loopback: the plain-TCP row's goodput, bytes/s, same window
 
 
 def summarize(link: str, client: str, line_rate: float, rtt: float, duration: float,
@@ -452,7 +461,16 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
 
 def run_loopback(clients: list[str], duration: float, connections: int, export: Path,
                  save: Path | None = None) -> list[Row]:
-    rows = []
+    """The fabric's loopback rows, after the plain-TCP ceiling's (``bench.tcp_ceiling``)."""
+    port = _free_port()
+    result = _run_pair(
+        _python("tcp-source", "--listen", f"127.0.0.1:{port}"),
+        _python("tcp-sink", "--hub", f"127.0.0.1:{port}", "--duration", str(duration),
+                "--connections", str(connections)),
+        duration)
+    _save(save, f"loopback-{CEILING}", result)
+    rows = [summarize("loopback, no emulation", CEILING, math.nan, 0.0, duration, result)]
+    print(format_row(rows[0]), file=sys.stderr, flush=True)
     for client in clients:
         port = _free_port()
         result = _run_pair(
@@ -462,6 +480,7 @@ def run_loopback(clients: list[str], duration: float, connections: int, export: 
             duration)
         _save(save, f"loopback-{client}", result)
         row = summarize("loopback, no emulation", client, math.nan, 0.0, duration, result)
+        row = dataclasses.replace(row, ceiling=rows[0].after)
         print(format_row(row), file=sys.stderr, flush=True)
         rows.append(row)
     return rows
@@ -483,10 +502,12 @@ def _ms(x: float) -> str:
     return "never" if math.isinf(x) else f"{1000 * x:.0f} ms"
 
 
-def _rate(x: float, line: float) -> str:
-    if math.isnan(line):
+def _rate(x: float, line: float, ceiling: float = math.nan) -> str:
+    if not math.isnan(line):
+        return f"{_pct(x / line)} ({8 * x / 1e6:.0f} Mbit/s)"
+    if math.isnan(ceiling):
         return f"{x / 1e9:.2f} GB/s"
-    return f"{_pct(x / line)} ({8 * x / 1e6:.0f} Mbit/s)"
+    return f"{x / 1e9:.2f} GB/s ({_pct(x / ceiling)} of {CEILING})"
 
 
 HEADER = ("| link | client | goodput, whole run | goodput after start-up | demand p50 | "
@@ -499,7 +520,7 @@ def format_row(r: Row) -> str:
     ratio = "-" if r.rtt == 0 or math.isnan(r.p99) else (
         "inf" if math.isinf(r.p99) else f"{r.p99 / r.rtt:.2f}")
     return (f"| {r.link} | {r.client} | {_rate(r.whole, r.line_rate)} | "
-            f"{_rate(r.after, r.line_rate)} | {_ms(r.p50)} | {_ms(r.p99)} | {ratio} | "
+            f"{_rate(r.after, r.line_rate, r.ceiling)} | {_ms(r.p50)} | {_ms(r.p99)} | {ratio} | "
             f"{r.demand_done}/{r.demand_issued} | {r.lost} | {_bw(r.btl_bw)} | "
             f"{'-' if r.tail_drops is None else f'{r.tail_drops:,}'} | "
             f"{_wait(r.queue_p50)} / {_wait(r.queue_p99)} |")
@@ -530,6 +551,13 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--connections", type=int, default=4)
     load.add_argument("--depth", type=int, default=PREFETCH_DEPTH,
                       help="prefetch reads outstanding (0: demand reads only)")
+    source = sub.add_parser("tcp-source", help="(internal) the plain-TCP ceiling's sender")
+    source.add_argument("--listen", required=True)
+    sink = sub.add_parser("tcp-sink", help="(internal) the plain-TCP ceiling's receiver, "
+                                           "print JSON")
+    sink.add_argument("--hub", required=True)
+    sink.add_argument("--duration", type=float, required=True)
+    sink.add_argument("--connections", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="15 s transfers instead of 60 s")
     parser.add_argument("--duration", type=float, default=None, help="seconds per transfer")
     parser.add_argument("--links", type=int, nargs="+", default=None,
@@ -548,6 +576,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "load":
         host, _, port = args.hub.rpartition(":")
         load_main(host, int(port), args.client, args.duration, args.connections, args.depth)
+        return 0
+    if args.cmd == "tcp-source":
+        host, _, port = args.listen.rpartition(":")
+        tcp_ceiling.serve(host, int(port))
+        return 0
+    if args.cmd == "tcp-sink":
+        host, _, port = args.hub.rpartition(":")
+        print(json.dumps(tcp_ceiling.receive(host, int(port), args.duration, args.connections)),
+              flush=True)
         return 0
     exit_on_sigterm()  # so that a stopped run still removes its namespaces and processes
     duration = args.duration or (15.0 if args.quick else 60.0)
