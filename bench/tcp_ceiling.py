@@ -56,25 +56,26 @@ def _feed(conn: socket.socket, payload: bytes) -> None:
 
 def receive(host: str, port: int, duration: float, connections: int) -> dict[str, Any]:
     """Read ``connections`` connections for ``duration`` seconds; the result in the shape of
-    ``bench.transport``'s loads (no demand reads, no controller)."""
+    ``bench.transport``'s loads (no demand reads, no controller; the CPU of every thread)."""
     socks = [socket.create_connection((host, port)) for _ in range(connections)]
     for sock in socks:
         tcp.configure(sock, BULK_CONGESTION)
         sock.settimeout(RECEIVE_TIMEOUT)
     delivered: list[tuple[float, int]] = []
     errors: list[BaseException] = []
-    start = time.monotonic()
+    start, cpu_start = time.monotonic(), time.process_time()
     threads = [threading.Thread(target=_drain, args=(sock, start, duration, delivered, errors))
                for sock in socks]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    cpu = time.process_time() - cpu_start
     for sock in socks:
         sock.close()
     if errors:
         raise errors[0]
-    return {"delivered": sorted(delivered), "demand": [], "model": []}
+    return {"delivered": sorted(delivered), "demand": [], "model": [], "cpu_seconds": cpu}
 
 
 def _drain(sock: socket.socket, start: float, duration: float,

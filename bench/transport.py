@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import tcp_ceiling
+from bench import proc_cpu, tcp_ceiling
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 
@@ -174,6 +174,7 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
             blocks = entry.size // 4096
             start = trio.current_time()
             end = start + duration
+            cpu_start = time.process_time()
             rng = random.Random(1)
             next_block = 0
 
@@ -220,10 +221,12 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
                     tick += DEMAND_INTERVAL
                     await trio.sleep_until(tick)
                 load.cancel_scope.cancel()
+            cpu.append(time.process_time() - cpu_start)
             nursery.cancel_scope.cancel()
 
+    cpu: list[float] = []
     trio.run(main)
-    return {"delivered": delivered, "demand": demand, "model": model}
+    return {"delivered": delivered, "demand": demand, "model": model, "cpu_seconds": cpu[0]}
 
 
 def _finite(x: float) -> float | None:
@@ -385,11 +388,14 @@ def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[
         line = _read_line(hub, READY_TIMEOUT)
         if not line.startswith("ready"):
             raise RuntimeError(f"hub did not start: {line!r}")
+        hub_cpu = proc_cpu.cpu_seconds(hub.pid)
         out = subprocess.run(load_cmd, capture_output=True, text=True,
                              timeout=duration + RUN_SLACK)
         if out.returncode != 0:
             raise RuntimeError(f"load process failed:\n{out.stderr[-3000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        result["hub_cpu_seconds"] = proc_cpu.cpu_seconds(hub.pid) - hub_cpu
+        return result
     finally:
         hub.terminate()
         try:
@@ -471,6 +477,7 @@ def run_loopback(clients: list[str], duration: float, connections: int, export: 
     _save(save, f"loopback-{CEILING}", result)
     rows = [summarize("loopback, no emulation", CEILING, math.nan, 0.0, duration, result)]
     print(format_row(rows[0]), file=sys.stderr, flush=True)
+    print(_cpu_line(result), file=sys.stderr, flush=True)
     for client in clients:
         port = _free_port()
         result = _run_pair(
@@ -482,8 +489,19 @@ def run_loopback(clients: list[str], duration: float, connections: int, export: 
         row = summarize("loopback, no emulation", client, math.nan, 0.0, duration, result)
         row = dataclasses.replace(row, ceiling=rows[0].after)
         print(format_row(row), file=sys.stderr, flush=True)
+        print(_cpu_line(result), file=sys.stderr, flush=True)
         rows.append(row)
     return rows
+
+
+def _cpu_line(result: dict[str, Any]) -> str:
+    """What each side spent per GB it moved (the load's CPU over its run, the hub's over the
+    load's): on loopback the two processes share the machine's cores, and CPU is the limit."""
+    gb = sum(n for _, n in result["delivered"]) / 1e9
+    if gb == 0:
+        return "  CPU per GB moved: - (nothing moved)"
+    return (f"  CPU per GB moved: hub {result['hub_cpu_seconds'] / gb:.2f} s, "
+            f"spoke {result['cpu_seconds'] / gb:.2f} s")
 
 
 def _free_port() -> int:
