@@ -63,6 +63,10 @@ BACKOFF_INITIAL = 0.1
 """First redial delay after the hub is lost (seconds); doubles up to ``BACKOFF_MAX``."""
 BACKOFF_MAX = 5.0
 
+ReadData = bytes | memoryview
+"""A read's verified blocks: its own bytes, or a view of a reply that carried it with other
+reads' ranges (``ReadManyReply.parts``), which it keeps alive."""
+
 CHECKSUM_ATTEMPTS = 3
 """Replies for the same range that may fail verification before the read fails."""
 
@@ -173,7 +177,7 @@ class _Read:
         self.count = count
         self.priority = priority
         self.deadline = deadline
-        self.parts: dict[int, bytes] = {}  # verified data by first block
+        self.parts: dict[int, ReadData] = {}  # verified data by first block
         self.blocks_done = 0
         self.failures: dict[int, int] = {}  # bad replies by first block of the range
         self.copies = 0  # demand: copies of the request outstanding
@@ -191,14 +195,18 @@ class _Read:
             if self.on_finish is not None:
                 self.on_finish()
 
-    def add_part(self, first: int, count: int, data: bytes) -> None:
+    def add_part(self, first: int, count: int, data: ReadData) -> None:
         """Verified blocks ``first .. first + count - 1`` are in; finish once all of them are."""
         self.parts[first] = data
         self.blocks_done += count
         if self.blocks_done >= self.count:
             self.finish()
 
-    def data(self) -> bytes:
+    def data(self) -> ReadData:
+        """The read's blocks in one piece: a part as it came (often a view of a reply shared
+        with other reads), or the parts joined, the one copy of the bytes on the spoke."""
+        if len(self.parts) == 1:
+            return next(iter(self.parts.values()))
         return b"".join(self.parts[k] for k in sorted(self.parts))
 
 
@@ -278,7 +286,7 @@ def demand_copies(count: int, lossy: bool) -> int:
     return 1
 
 
-_Answer = tuple[int, bytes, bytes] | RemoteError | None
+_Answer = tuple[int, ReadData, bytes] | RemoteError | None
 """What a reply says about one range: ``(first, data, checksums)``, the hub's error for it, or
 None if the reply does not answer it."""
 
@@ -296,7 +304,7 @@ def _answers(sent: _Sent, msg: Message) -> list[_Answer]:
     return [None] * len(sent.pieces)
 
 
-def _corrupt_blocks(first: int, count: int, answer: tuple[int, bytes, bytes] | None
+def _corrupt_blocks(first: int, count: int, answer: tuple[int, ReadData, bytes] | None
                     ) -> list[int]:
     """Indices of the blocks of ``answer`` that fail their checksum (all ``count`` of them if
     it is not an answer for the range of ``count`` blocks from ``first``)."""
@@ -408,7 +416,7 @@ class HubClient:
             metrics.HUB_FETCH_RETRIES.inc()
 
     async def read(self, file_id: int, version: int, first: int, count: int, *,
-                   deadline: float, priority: str = "demand") -> bytes:
+                   deadline: float, priority: str = "demand") -> ReadData:
         """Blocks ``first`` .. ``first + count - 1``, verified against their checksums.
 
         ``priority`` is ``"demand"`` (a reader waits: sent at once, served first) or
@@ -438,7 +446,7 @@ class HubClient:
         return HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
 
     def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
-                       deadline: float, on_done: Callable[[bytes | BaseException], None]
+                       deadline: float, on_done: Callable[[ReadData | BaseException], None]
                        ) -> None:
         """``read`` at prefetch priority, with no task waiting for it: ``on_done`` gets the
         verified bytes or the error, later, from the task that finished the read. A read still
@@ -451,7 +459,7 @@ class HubClient:
         self._pipe.submit(job, first, count)
         self._wake.fire()
 
-    def _prefetched(self, job: _Read, on_done: Callable[[bytes | BaseException], None]
+    def _prefetched(self, job: _Read, on_done: Callable[[ReadData | BaseException], None]
                     ) -> None:
         del self._expiring[job]
         self._pipe.cancel(job)

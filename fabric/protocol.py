@@ -223,12 +223,18 @@ class ReadManyReply:
     errors: tuple[tuple[int, str, str], ...]
     retransmitted: int
 
-    def parts(self) -> list[tuple[bytes, bytes]]:
-        """Each range's ``(data, checksums)``, in order (empty for a failed range)."""
-        out, at, sums_at = [], 0, 0
+    def parts(self) -> list[tuple[bytes | memoryview, bytes]]:
+        """Each range's ``(data, checksums)``, in order (empty for a failed range).
+
+        A range's data is a view of the reply's, not a copy (the whole ``data`` when there is
+        one range): the spoke then copies each byte once, where it joins a read's ranges."""
+        if len(self.sizes) == 1:
+            return [(self.data, self.checksums)]
+        out: list[tuple[bytes | memoryview, bytes]] = []
+        view, at, sums_at = memoryview(self.data), 0, 0
         for size in self.sizes:
             nsums = block_count(size) * CHECKSUM_BYTES
-            out.append((self.data[at:at + size], self.checksums[sums_at:sums_at + nsums]))
+            out.append((view[at:at + size], self.checksums[sums_at:sums_at + nsums]))
             at += size
             sums_at += nsums
         return out

@@ -21,7 +21,7 @@ from typing import Callable
 
 import trio
 
-from fabric.client import HubClient
+from fabric.client import HubClient, ReadData
 from fabric.protocol import MAX_READ_BLOCKS, MetaEntry
 from neuralcache.blocks import BLOCK_SIZE, block_count, blocks_for_read, contiguous_runs
 
@@ -206,7 +206,7 @@ class BlockFetcher:
         return fetches
 
     async def _run(self, entry: MetaEntry, fetch: _Fetch, deadline: float) -> None:
-        result: bytes | BaseException = FetchCancelled("the fetch was cancelled")
+        result: ReadData | BaseException = FetchCancelled("the fetch was cancelled")
         try:
             result = await self.client.read(entry.file_id, entry.version, fetch.first,
                                             fetch.count, deadline=deadline)
@@ -215,7 +215,8 @@ class BlockFetcher:
         finally:
             self._landed(entry, fetch, result)
 
-    def _landed(self, entry: MetaEntry, fetch: _Fetch, result: bytes | BaseException) -> None:
+    def _landed(self, entry: MetaEntry, fetch: _Fetch, result: ReadData | BaseException
+                ) -> None:
         """A fetch's bytes (or why there are none) are in: hold the blocks, wake the waiters."""
         if isinstance(result, BaseException):
             fetch.error = result

@@ -4,8 +4,9 @@
 out of it, copying a 4 MiB reply three times. Here a large payload is received straight into a
 buffer kept for the purpose (``recv_into``; reused, so its pages are not faulted in afresh for
 every frame), and small frames come out of a reused staging buffer; ``decode_payload`` then
-makes the only copy (msgpack's ``bytes`` for the block data). At 1 GB/s that is the difference
-between a spoke that keeps up and one that does not.
+makes one copy (msgpack's ``bytes`` for the block data), of which each range is a view
+(``ReadManyReply.parts``); a read whose blocks came in several replies is joined, the one more
+copy. At 1 GB/s that is the difference between a spoke that keeps up and one that does not.
 """
 
 from __future__ import annotations
