@@ -72,8 +72,9 @@ CHECKSUM_ATTEMPTS = 3
 """Replies for the same range that may fail verification before the read fails."""
 
 DEFAULT_CONNECTIONS = 4
-"""Bulk (prefetch) connections. Several, so one connection's loss recovery or its kernel
-BBR's PROBE_RTT (cwnd of 4 packets for a round trip every 10 s) idles only part of the pipe."""
+"""Bulk (prefetch) connections (``LONG_PATH_CONNECTIONS`` on a long path). Several, so one
+connection's loss recovery or its kernel BBR's PROBE_RTT (cwnd of 4 packets for a round trip
+every 10 s) idles only part of the pipe."""
 
 LONG_PATH_RTT = 0.5
 """Greeting round trip (seconds) from which a path counts as long, as it does for the stagger
@@ -215,8 +216,8 @@ class _Read:
             self.finish()
 
     def data(self) -> ReadData:
-        """The read's blocks in one piece: a part as it came (often a view of a reply shared
-        with other reads), or the parts joined, the one copy of the bytes on the spoke."""
+        """The read's blocks in one piece: its one part as it came (often a view of a reply
+        shared with other reads), or its parts joined (a copy)."""
         if len(self.parts) == 1:
             return next(iter(self.parts.values()))
         return b"".join(self.parts[k] for k in sorted(self.parts))
