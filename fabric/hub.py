@@ -149,8 +149,8 @@ class HubServer:
             hello = await self._greet(stream, reader)
             if hello is None:
                 return
-            if hasattr(stream, "setsockopt"):  # by the role the hello gives
-                tcp.configure(stream, tcp.congestion_for(hello.role, self._tcp_congestion))
+            # By the role the hello gives (nothing if the stream is not a socket).
+            tcp.configure(stream, tcp.congestion_for(hello.role, self._tcp_congestion))
             spoke = hello.client
             self._joined(spoke)
             outbox = _Outbox(OUTBOX_FRAMES)

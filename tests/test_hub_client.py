@@ -585,3 +585,9 @@ async def test_demand_connections_are_not_paced_at_either_end(export_dir: Path) 
                 elif "bbr" in tcp.available_congestion_controls():
                     assert spoke_side == "bbr"
         hub.stop()
+
+
+def test_a_stream_that_is_not_a_socket_keeps_its_options() -> None:
+    """The hub configures every connection's TCP by its role; a stream with no socket options
+    (an in-memory one) is served as it is."""
+    assert tcp.configure(object(), "bbr") is None

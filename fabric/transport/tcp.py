@@ -62,10 +62,13 @@ def available_congestion_controls() -> frozenset[str]:
 def configure(sock: socket.socket | object, congestion: str | None) -> str | None:
     """Turn Nagle off and set ``congestion`` if the kernel has it; returns the control in use.
 
-    ``sock`` is a socket or a trio socket/stream (anything with ``setsockopt``/``getsockopt``).
+    ``sock`` is a socket or a trio socket/stream (anything with ``setsockopt``/``getsockopt``);
+    for a stream that is not a socket (no ``setsockopt``) nothing is done and None returned.
     """
-    setsockopt = getattr(sock, "setsockopt")
-    getsockopt = getattr(sock, "getsockopt")
+    setsockopt = getattr(sock, "setsockopt", None)
+    getsockopt = getattr(sock, "getsockopt", None)
+    if setsockopt is None or getsockopt is None:
+        return None
     setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if congestion and hasattr(socket, "TCP_CONGESTION"):
         try:
