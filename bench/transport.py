@@ -581,9 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links", type=int, nargs="+", default=None,
                         help=f"indices of links to run (0..{len(LINKS) - 1}; default all)")
     parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
-    parser.add_argument("--connections", type=int, default=4,
-                        help="bulk TCP connections (a long path, such as 900 ms, gets "
-                             "fabric.client.LONG_PATH_CONNECTIONS)")
+    parser.add_argument("--connections", type=int, default=4, help="bulk TCP connections")
     parser.add_argument("--no-loopback", action="store_true")
     parser.add_argument("--loopback-only", action="store_true")
     parser.add_argument("--save", type=Path, default=None,

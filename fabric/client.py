@@ -7,8 +7,7 @@ outstanding and when the next prefetch request may leave (``transport.request_pi
 connections have two roles:
 
 * **bulk** (``connections``, dialled over ``BULK_STAGGER`` unless the path is very short or
-  very long, ``stagger_step``; ``long_path_connections`` on a long path, ``LONG_PATH_RTT``):
-  prefetch requests, cut into
+  very long, ``stagger_step``): prefetch requests, cut into
   chunks as the controller's window and pacer allow, each sent on the bulk connection with
   the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
   kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
@@ -72,20 +71,8 @@ CHECKSUM_ATTEMPTS = 3
 """Replies for the same range that may fail verification before the read fails."""
 
 DEFAULT_CONNECTIONS = 4
-"""Bulk (prefetch) connections (``LONG_PATH_CONNECTIONS`` on a long path). Several, so one
-connection's loss recovery or its kernel BBR's PROBE_RTT (cwnd of 4 packets for a round trip
-every 10 s) idles only part of the pipe."""
-
-LONG_PATH_RTT = 0.5
-"""Greeting round trip (seconds) from which a path counts as long, as it does for the stagger
-(``BULK_STAGGER / STAGGER_MIN_ROUNDS``): there ``LONG_PATH_CONNECTIONS`` apply."""
-
-LONG_PATH_CONNECTIONS = 8
-"""Bulk connections on a long path. A retransmission timeout sets a connection's window back to
-one segment, and the kernel regrows it a round trip at a time: at 900 ms that takes seconds,
-during which that connection's share of the pipe idles and the replies on it wait. The hub's
-kernel timed out 8-20 times a minute at 900 ms / 1 %; with more connections each timeout
-idles a smaller share (docs/transport.md, "More bulk connections on long paths")."""
+"""Bulk (prefetch) connections. Several, so one connection's loss recovery or its kernel
+BBR's PROBE_RTT (cwnd of 4 packets for a round trip every 10 s) idles only part of the pipe."""
 
 BULK_STAGGER = 10.0
 """Seconds over which the bulk connections are dialled, evenly spaced. The kernel's BBR enters
@@ -336,8 +323,7 @@ class HubClient:
                  connect_timeout: float = 10.0, attempt_timeout: float = 30.0,
                  congestion: str = "bbr", connections: int = DEFAULT_CONNECTIONS,
                  demand_connections: int = DEFAULT_DEMAND_CONNECTIONS,
-                 tcp_congestion: str | None = "bbr", stagger: float = BULK_STAGGER,
-                 long_path_connections: int = LONG_PATH_CONNECTIONS) -> None:
+                 tcp_congestion: str | None = "bbr", stagger: float = BULK_STAGGER) -> None:
         if connections < 1 or demand_connections < 1:
             raise ValueError("need at least one bulk and one demand connection")
         self.host = host
@@ -347,7 +333,6 @@ class HubClient:
         self.attempt_timeout = attempt_timeout
         self.tcp_congestion = tcp_congestion
         self._bulk_slots = connections
-        self._long_path_slots = long_path_connections  # bulk slots once the path proves long
         self._demand_slots = demand_connections
         self._stagger = stagger  # over which the bulk connections are dialled (stagger_step)
         # One spoke, many connections: the hub groups them by this name for its fair share.
@@ -395,7 +380,6 @@ class HubClient:
                 nursery.start_soon(self._keep_up, DEMAND, i > 0)
             for i in range(self._bulk_slots):
                 nursery.start_soon(self._keep_up, BULK, True, False, i)
-            nursery.start_soon(self._widen_on_long_path)
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._arrival_poller)
             nursery.start_soon(self._expire_prefetches)
@@ -804,18 +788,6 @@ class HubClient:
         finally:
             if grown:
                 self._dialing -= 1
-
-    async def _widen_on_long_path(self) -> None:
-        """Once the first connection is up, on a long path (``LONG_PATH_RTT``), dial bulk
-        slots up to ``long_path_connections``, all at once."""
-        while not self._conns:
-            await self._link_changed.wait()
-        if min(c.hello_rtt for c in self._conns) < LONG_PATH_RTT:
-            return
-        assert self._nursery is not None
-        for _ in range(self._bulk_slots, self._long_path_slots):
-            self._bulk_slots += 1
-            self._nursery.start_soon(self._keep_up, BULK, True)
 
     async def _wait_turn(self, index: int) -> None:
         """Wait before dialling bulk slot ``index``: once some connection is up, and then

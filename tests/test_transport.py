@@ -28,14 +28,14 @@ from hypothesis import strategies as st
 
 from fabric import checksum
 from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
-                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, LONG_PATH_RTT, HubClient,
+                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, HubClient,
                            demand_copies, stagger_step)
 from fabric.congestion import CongestionStats, create_controller
 from fabric.congestion.base import SampledController
 from fabric.export import Export, WouldBlock
 from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello,
-                             Message, Priority, ProtocolError, ReadReply, ReadRequest, Role,
-                             Welcome, decode_payload, encode)
+                             Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
+                             decode_payload, encode)
 from fabric.transport.arrivals import ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
 from fabric.transport.resend_rate import (BUCKET_S, LOSSY_RESENT_RATIO, RESEND_WINDOW_S,
@@ -45,7 +45,7 @@ from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_
                                            MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
                                            headroom)
 from neuralcache.blocks import BLOCK_SIZE
-from tests.fabric_helpers import LOCALHOST, Proxy, Rewrite, metric, start_hub, trio_test
+from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -810,34 +810,3 @@ def test_bbr_fills_most_of_an_emulated_wan_link() -> None:
     goodput = after / (WAN_SECONDS - WAN_WARMUP)
     assert goodput >= WAN_MIN_SHARE * WAN_RATE / 8
     assert all(math.isfinite(lat) for _, lat in result["demand"])
-
-
-async def _slow_welcome(msg: Message) -> Message:
-    """A long path, as the client measures it: the hub's greeting comes back late."""
-    if isinstance(msg, Welcome):
-        await trio.sleep(LONG_PATH_RTT * 1.1)
-    return msg
-
-
-async def _passed_through(msg: Message) -> Message:
-    return msg
-
-
-@pytest.mark.parametrize("rewrite, bulk", [(_slow_welcome, 3), (_passed_through, 1)])
-@trio_test
-async def test_a_long_path_gets_the_long_path_bulk_connections(
-        export_dir: Path, rewrite: Rewrite, bulk: int) -> None:
-    async with trio.open_nursery() as nursery:
-        hub = await start_hub(nursery, export_dir)
-        proxy = Proxy(hub.port, rewrite)
-        await nursery.start(proxy.serve)
-        client = HubClient(LOCALHOST, proxy.port, connections=1, demand_connections=1,
-                           long_path_connections=3, connect_timeout=5.0)
-        await nursery.start(client.run)
-        await trio.sleep(4 * LONG_PATH_RTT)  # time for any widening to dial and greet
-        assert sum(c.role == Role.BULK for c in client._conns) == bulk
-        e = big(export_dir)
-        data = await client.read(e.file_id, e.version, 0, 8, deadline=trio.current_time() + 10,
-                                 priority="prefetch")
-        assert data == blocks_of(export_dir, 0, 8)
-        nursery.cancel_scope.cancel()
