@@ -474,7 +474,7 @@ def run_loopback(clients: list[str], duration: float, connections: int, export: 
         _python("tcp-sink", "--hub", f"127.0.0.1:{port}", "--duration", str(duration),
                 "--connections", str(connections)),
         duration)
-    _save(save, f"loopback-{CEILING}", result)
+    _save(save, "loopback-plain-tcp", result)
     rows = [summarize("loopback, no emulation", CEILING, math.nan, 0.0, duration, result)]
     print(format_row(rows[0]), file=sys.stderr, flush=True)
     print(_cpu_line(result), file=sys.stderr, flush=True)
