@@ -468,30 +468,30 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
 def run_loopback(clients: list[str], duration: float, connections: int, export: Path,
                  save: Path | None = None) -> list[Row]:
     """The fabric's loopback rows, after the plain-TCP ceiling's (``bench.tcp_ceiling``)."""
-    port = _free_port()
-    result = _run_pair(
-        _python("tcp-source", "--listen", f"127.0.0.1:{port}"),
-        _python("tcp-sink", "--hub", f"127.0.0.1:{port}", "--duration", str(duration),
-                "--connections", str(connections)),
-        duration)
-    _save(save, "loopback-plain-tcp", result)
-    rows = [summarize("loopback, no emulation", CEILING, math.nan, 0.0, duration, result)]
-    print(format_row(rows[0]), file=sys.stderr, flush=True)
-    print(_cpu_line(result), file=sys.stderr, flush=True)
+    load = ["--duration", str(duration), "--connections", str(connections)]
+    rows = [_loopback_row(CEILING, ["tcp-source"], ["tcp-sink", *load], "plain-tcp", duration,
+                          save)]
     for client in clients:
-        port = _free_port()
-        result = _run_pair(
-            _python("hub", "--export", str(export), "--listen", f"127.0.0.1:{port}"),
-            _python("load", "--hub", f"127.0.0.1:{port}", "--client", client,
-                    "--duration", str(duration), "--connections", str(connections)),
-            duration)
-        _save(save, f"loopback-{client}", result)
-        row = summarize("loopback, no emulation", client, math.nan, 0.0, duration, result)
-        row = dataclasses.replace(row, ceiling=rows[0].after)
-        print(format_row(row), file=sys.stderr, flush=True)
-        print(_cpu_line(result), file=sys.stderr, flush=True)
-        rows.append(row)
+        rows.append(_loopback_row(client, ["hub", "--export", str(export)],
+                                  ["load", "--client", client, *load], client, duration, save,
+                                  ceiling=rows[0].after))
     return rows
+
+
+def _loopback_row(client: str, server: list[str], load: list[str], name: str, duration: float,
+                  save: Path | None, ceiling: float = math.nan) -> Row:
+    """One loopback row: ``server`` listening on a free port of 127.0.0.1, ``load`` run against
+    it; saved as ``loopback-NAME``, printed with each side's CPU per GB."""
+    address = f"127.0.0.1:{_free_port()}"
+    result = _run_pair(_python(*server, "--listen", address), _python(*load, "--hub", address),
+                       duration)
+    _save(save, f"loopback-{name}", result)
+    row = dataclasses.replace(
+        summarize("loopback, no emulation", client, math.nan, 0.0, duration, result),
+        ceiling=ceiling)
+    print(format_row(row), file=sys.stderr, flush=True)
+    print(_cpu_line(result), file=sys.stderr, flush=True)
+    return row
 
 
 def _cpu_line(result: dict[str, Any]) -> str:
