@@ -193,7 +193,10 @@ class _Read:
             self.error = error
             self.changed.fire()
             if self.on_finish is not None:
-                self.on_finish()
+                # It refers to this read: left in place, the cycle would hold the read's reply
+                # buffers until the garbage collector's next pass, not free them at once.
+                on_finish, self.on_finish = self.on_finish, None
+                on_finish()
 
     def add_part(self, first: int, count: int, data: ReadData) -> None:
         """Verified blocks ``first .. first + count - 1`` are in; finish once all of them are."""
