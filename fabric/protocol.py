@@ -184,7 +184,7 @@ class ReadReply:
     KIND: ClassVar[int] = 6
     req_id: int
     first: int
-    data: bytes
+    data: bytes | memoryview  # a view of the frame's buffer from ``decode_owned_payload``
     checksums: bytes  # CHECKSUM_BYTES per block
     retransmitted: int | None = None
     """Bytes the hub's TCP has sent more than once on this connection so far (version >= 3):
@@ -218,7 +218,7 @@ class ReadManyReply:
     KIND: ClassVar[int] = 9
     req_id: int
     sizes: tuple[int, ...]
-    data: bytes
+    data: bytes | memoryview  # as ``ReadReply.data``
     checksums: bytes
     errors: tuple[tuple[int, str, str], ...]
     retransmitted: int
@@ -322,7 +322,7 @@ def _decode_read_reply(fields: list[Any]) -> ReadReply:
     _expect(_is_uint(req_id) and _is_uint(first), "malformed read reply header")
     retransmitted = rest[0] if rest else None
     _expect(not rest or _is_uint(retransmitted), "malformed retransmitted count")
-    _expect(isinstance(data, bytes) and isinstance(checksums, bytes),
+    _expect(isinstance(data, _BINARY) and isinstance(checksums, bytes),
             "read reply payload not binary")
     _expect(len(checksums) % CHECKSUM_BYTES == 0, "checksum field has a partial checksum")
     return ReadReply(req_id, first, data, checksums, retransmitted)
@@ -346,7 +346,7 @@ def _decode_read_many_reply(fields: list[Any]) -> ReadManyReply:
     _expect(_is_uint(req_id) and _is_uint(retransmitted), "malformed read-many reply header")
     _expect(isinstance(sizes, list) and 0 < len(sizes) <= MAX_READ_RANGES
             and all(map(_is_uint, sizes)), "malformed read-many reply sizes")
-    _expect(isinstance(data, bytes) and isinstance(checksums, bytes),
+    _expect(isinstance(data, _BINARY) and isinstance(checksums, bytes),
             "read-many reply payload not binary")
     _expect(sum(sizes) == len(data), "read-many reply sizes do not add up to its data")
     _expect(len(checksums) == sum(block_count(s) for s in sizes) * CHECKSUM_BYTES,
@@ -382,6 +382,66 @@ def decode_payload(payload: bytes, version: int = PROTOCOL_VERSION) -> Message:
         raw = msgpack.unpackb(payload, use_list=True, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"undecodable payload: {exc.__class__.__name__}") from None
+    return _decode_raw(raw, version)
+
+
+def decode_owned_payload(payload: memoryview, version: int = PROTOCOL_VERSION) -> Message:
+    """``decode_payload`` of a payload in a buffer of its own, which the message may keep: the
+    block data of a ReadReply or ReadManyReply is a view of ``payload``, not msgpack's copy of
+    it (one copy of every byte a spoke receives). Anything this does not split cleanly, bad
+    input included, goes through ``decode_payload``, so the checks and errors are the same."""
+    raw = _split_block_reply(payload)
+    if raw is None:
+        return decode_payload(payload, version)  # type: ignore[arg-type]
+    return _decode_raw(raw, version)
+
+
+_BLOCK_REPLY_HEADS = frozenset({(0x95, ReadReply.KIND), (0x96, ReadReply.KIND),
+                                (0x97, ReadManyReply.KIND)})
+"""A block reply's first two bytes: a msgpack fixarray of 5-7 items and its kind (a fixint)."""
+
+_FIELDS_BEFORE_DATA = 3  # [kind, req_id, first or sizes, data, ...]
+_HEAD_LIMIT = 32 + 9 * MAX_READ_RANGES
+"""Most bytes a block reply's fields before its data take (the sizes of MAX_READ_RANGES ranges
+as msgpack uint64s, and room to spare): only these are handed to msgpack's unpacker."""
+
+_BIN_LENGTH_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # msgpack bin 8/16/32: bytes of the length
+_BINARY = (bytes, memoryview)
+
+
+def _split_block_reply(payload: memoryview) -> list[Any] | None:
+    """A block reply's fields, its data a view of ``payload``; None for any other payload, or
+    for one that is not well-formed around its data (``decode_payload`` then says why)."""
+    if len(payload) < 2 or (payload[0], payload[1]) not in _BLOCK_REPLY_HEADS:
+        return None
+    items = payload[0] & 0x0F
+    head = msgpack.Unpacker(use_list=True, raw=False, strict_map_key=True)
+    head.feed(payload[1:_HEAD_LIMIT])
+    try:
+        fields = [head.unpack() for _ in range(_FIELDS_BEFORE_DATA)]
+    except Exception:  # msgpack raises several unrelated types on garbage
+        return None
+    at = 1 + head.tell()
+    width = _BIN_LENGTH_BYTES.get(payload[at]) if at < len(payload) else None
+    if width is None:
+        return None
+    start = at + 1 + width
+    end = start + int.from_bytes(payload[at + 1:start], "big")
+    if start > len(payload) or end > len(payload):
+        return None
+    tail = msgpack.Unpacker(use_list=True, raw=False, strict_map_key=True)
+    tail.feed(payload[end:])
+    try:
+        rest = list(tail)  # stops at the end of the data, or before an item cut short
+    except Exception:
+        return None
+    if len(rest) != items - _FIELDS_BEFORE_DATA - 1 or end + tail.tell() != len(payload):
+        return None
+    return [*fields, payload[start:end], *rest]
+
+
+def _decode_raw(raw: Any, version: int) -> Message:
+    """The message of a decoded msgpack payload, checked field by field."""
     _expect(isinstance(raw, list) and len(raw) >= 1, "payload is not a non-empty array")
     kind, fields = raw[0], raw[1:]
     _expect(_is_uint(kind), f"message kind {kind!r} is not an unsigned integer")

@@ -19,7 +19,8 @@ from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, MAX_READ_BLOCKS, MAX_REA
                              PACING_LIMIT_VERSION, READ_MANY_VERSION, ErrorCode, ErrorReply,
                              FrameDecoder, Hello, Message, MetaEntry, MetaReply, MetaRequest,
                              PacingLimit, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
-                             ReadReply, ReadRequest, Role, Welcome, decode_payload, encode)
+                             ReadReply, ReadRequest, Role, Welcome, decode_owned_payload,
+                             decode_payload, encode)
 from fabric.transport.framing import read_many_reply_frame, read_many_reply_size
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
@@ -310,6 +311,43 @@ def test_read_many_reply_frame_is_the_encoded_reply(msg: ReadManyReply, views: b
     parts = [(bytearray(data) if views else data, sums) for data, sums in msg.parts()]
     frame = read_many_reply_frame(msg.req_id, parts, msg.errors, msg.retransmitted)
     assert b"".join(frame) == encode(msg)
+
+
+def decoded_either_way(payload: bytes) -> Message | str:
+    """``decode_payload``'s message or error, after checking that ``decode_owned_payload``, over
+    the payload in a buffer of its own, says the same."""
+    try:
+        expected: Message | str = decode_payload(payload)
+    except ProtocolError as exc:
+        expected = str(exc)
+    try:
+        got: Message | str = decode_owned_payload(memoryview(bytearray(payload)))
+    except ProtocolError as exc:
+        got = str(exc)
+    assert got == expected
+    return got
+
+
+BLOCK_REPLIES = st.one_of(MESSAGE_STRATEGIES[ReadReply], read_many_replies(max_ranges=8))
+
+
+@given(msg=BLOCK_REPLIES, data=st.data())
+def test_a_block_reply_decoded_in_place_keeps_its_data_as_a_view_and_equals_a_copy(
+        msg: ReadReply | ReadManyReply, data: st.DataObject) -> None:
+    payload = encode(msg)[HEADER.size:]
+    buffer = bytearray(payload)
+    decoded = decode_owned_payload(memoryview(buffer))
+    assert decoded == msg == decoded_either_way(payload)
+    assert isinstance(decoded.data, memoryview) and decoded.data.obj is buffer
+
+
+@given(msg=messages, cut=st.integers(min_value=0), position=st.integers(min_value=0),
+       xor=st.integers(0, 255), extra=st.binary(max_size=3))
+def test_decoding_in_place_accepts_and_refuses_exactly_what_decode_payload_does(
+        msg: Message, cut: int, position: int, xor: int, extra: bytes) -> None:
+    payload = bytearray(encode(msg)[HEADER.size:])
+    payload[position % len(payload)] ^= xor
+    decoded_either_way(bytes(payload[:len(payload) - cut % (len(payload) + 1)]) + extra)
 
 
 @given(req_id=U64, counts=st.lists(st.integers(1, 16), min_size=1, max_size=MAX_READ_RANGES),

@@ -2,11 +2,11 @@
 
 ``protocol.FrameDecoder`` appends every received chunk to one buffer and slices each payload
 out of it, copying a 4 MiB reply three times. Here a large payload is received straight into a
-buffer kept for the purpose (``recv_into``; reused, so its pages are not faulted in afresh for
-every frame), and small frames come out of a reused staging buffer; ``decode_payload`` then
-makes one copy (msgpack's ``bytes`` for the block data), of which each range is a view
-(``ReadManyReply.parts``); a read whose blocks came in several replies is joined, the one more
-copy. At 1 GB/s that is the difference between a spoke that keeps up and one that does not.
+buffer of its own (``recv_into``), which its message keeps: a block reply's data is a view of
+it (``decode_owned_payload``), and so is each range of it (``ReadManyReply.parts``). Small
+frames come out of a reused staging buffer, and msgpack copies their fields out. A read whose
+blocks came in several replies is joined, the one copy left. At 1 GB/s that is the difference
+between a spoke that keeps up and one that does not.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import struct
 from collections.abc import Sequence
 
 import msgpack
+import numpy
 import trio
 
 from neuralcache.blocks import BLOCK_SIZE
 
 from ..protocol import (CHECKSUM_BYTES, MAX_FRAME, PROTOCOL_VERSION, Message, ProtocolError,
-                        ReadManyReply, ReadReply, decode_payload)
+                        ReadManyReply, ReadReply, decode_owned_payload, decode_payload)
 
 STAGING_BYTES = 256 * 1024
 """Receive buffer for headers and small frames; larger payloads get a buffer of their own."""
@@ -132,7 +133,6 @@ class FrameReader:
         self._view = memoryview(self._staging)
         self._start = 0  # unread bytes are _staging[_start:_end]
         self._end = 0
-        self._large = bytearray()  # grows to the largest payload seen (<= max_frame)
         self.consumed = 0
         """Stream bytes of every frame returned so far (headers included)."""
 
@@ -154,11 +154,10 @@ class FrameReader:
                 return decode_payload(payload, self.version)  # type: ignore[arg-type]
             finally:
                 payload.release()
-        if len(self._large) < length:
-            self._large = bytearray(length)
-        with memoryview(self._large) as whole, whole[:length] as payload:
-            await self._receive_large(payload)
-            return decode_payload(payload, self.version)  # type: ignore[arg-type]
+        # Not zeroed (every byte is about to be received), and not reused: the message keeps it.
+        payload = memoryview(numpy.empty(length, numpy.uint8))
+        await self._receive_large(payload)
+        return decode_owned_payload(payload, self.version)
 
     async def _receive_large(self, payload: memoryview) -> None:
         length = len(payload)
