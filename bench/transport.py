@@ -178,15 +178,30 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
             rng = random.Random(1)
             next_block = 0
 
+            async def prefetch_once(first: int) -> int:
+                """One read made as the spoke's fetcher prefetches (``start_prefetch``: its
+                bytes come in parts, not joined); its size."""
+                landed = trio.Event()
+                outcome: list[Any] = []
+
+                def on_done(parts: Any) -> None:
+                    outcome.append(parts)
+                    landed.set()
+
+                client.start_prefetch(entry.file_id, entry.version, first, PREFETCH_READ_BLOCKS,
+                                      deadline=trio.current_time() + 3600, on_done=on_done)
+                await landed.wait()
+                if isinstance(outcome[0], BaseException):
+                    raise outcome[0]
+                return sum(map(len, outcome[0]))
+
             async def prefetcher() -> None:
                 nonlocal next_block
                 while True:
                     first = next_block
                     next_block = (next_block + PREFETCH_READ_BLOCKS) % blocks
-                    data = await client.read(entry.file_id, entry.version, first,
-                                             PREFETCH_READ_BLOCKS, priority="prefetch",
-                                             deadline=trio.current_time() + 3600)
-                    delivered.append((trio.current_time() - start, len(data)))
+                    size = await prefetch_once(first)
+                    delivered.append((trio.current_time() - start, size))
 
             async def one_demand(block: int) -> None:
                 issued = trio.current_time()

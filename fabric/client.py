@@ -64,8 +64,8 @@ BACKOFF_INITIAL = 0.1
 BACKOFF_MAX = 5.0
 
 ReadData = bytes | memoryview
-"""A read's verified blocks: its own bytes, or a view of a reply that carried it with other
-reads' ranges (``ReadManyReply.parts``), which it keeps alive."""
+"""A read's verified blocks: its own bytes, or a view of the reply that carried them (which it
+keeps alive), shared with other reads' ranges (``ReadManyReply.parts``)."""
 
 CHECKSUM_ATTEMPTS = 3
 """Replies for the same range that may fail verification before the read fails."""
@@ -206,11 +206,15 @@ class _Read:
             self.finish()
 
     def data(self) -> ReadData:
-        """The read's blocks in one piece: its one part as it came (often a view of a reply
-        shared with other reads), or its parts joined (a copy)."""
+        """The read's blocks in one piece: its one part as it came, or its parts joined (a
+        copy, which ``in_order`` spares a caller that takes them apart again)."""
         if len(self.parts) == 1:
             return next(iter(self.parts.values()))
-        return b"".join(self.parts[k] for k in sorted(self.parts))
+        return b"".join(self.in_order())
+
+    def in_order(self) -> list[ReadData]:
+        """The read's parts by block number, as they came: each but the last is whole blocks."""
+        return [self.parts[k] for k in sorted(self.parts)]
 
 
 _Piece = tuple[_Read, int, int]
@@ -449,25 +453,27 @@ class HubClient:
         return HubUnavailable(f"no answer from hub {self.host}:{self.port} in time")
 
     def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
-                       deadline: float, on_done: Callable[[ReadData | BaseException], None]
-                       ) -> None:
+                       deadline: float,
+                       on_done: Callable[[list[ReadData] | BaseException], None]) -> None:
         """``read`` at prefetch priority, with no task waiting for it: ``on_done`` gets the
-        verified bytes or the error, later, from the task that finished the read. A read still
-        unfinished at ``deadline`` fails with HubUnavailable (checked every
-        ``PREFETCH_EXPIRY_PERIOD``). A hinted shuffle prefetches one sample per read, and a
-        task each was a sizeable part of the event loop's work. ``count`` must be positive."""
+        verified bytes or the error, later, from the task that finished the read. The bytes
+        come in the parts they arrived in (``_Read.in_order``): a 4 MiB read often comes in
+        several replies, and joining them was the spoke's largest copy. A read still unfinished
+        at ``deadline`` fails with HubUnavailable (checked every ``PREFETCH_EXPIRY_PERIOD``). A
+        hinted shuffle prefetches one sample per read, and a task each was a sizeable part of
+        the event loop's work. ``count`` must be positive."""
         job = _Read(file_id, version, first, count, Priority.PREFETCH, deadline)
         job.on_finish = functools.partial(self._prefetched, job, on_done)
         self._expiring[job] = None
         self._pipe.submit(job, first, count)
         self._wake.fire()
 
-    def _prefetched(self, job: _Read, on_done: Callable[[ReadData | BaseException], None]
-                    ) -> None:
+    def _prefetched(self, job: _Read,
+                    on_done: Callable[[list[ReadData] | BaseException], None]) -> None:
         del self._expiring[job]
         self._pipe.cancel(job)
         try:
-            on_done(job.data() if job.error is None else job.error)
+            on_done(job.in_order() if job.error is None else job.error)
         except Exception:  # the caller's bug: it must not take down the connection that
             log.exception("a prefetch's completion callback failed")  # finished the read
 

@@ -206,30 +206,32 @@ class BlockFetcher:
         return fetches
 
     async def _run(self, entry: MetaEntry, fetch: _Fetch, deadline: float) -> None:
-        result: ReadData | BaseException = FetchCancelled("the fetch was cancelled")
+        result: list[ReadData] | BaseException = FetchCancelled("the fetch was cancelled")
         try:
-            result = await self.client.read(entry.file_id, entry.version, fetch.first,
-                                            fetch.count, deadline=deadline)
+            result = [await self.client.read(entry.file_id, entry.version, fetch.first,
+                                             fetch.count, deadline=deadline)]
         except Exception as exc:  # handed to every waiting reader, which translates it
             result = exc
         finally:
             self._landed(entry, fetch, result)
 
-    def _landed(self, entry: MetaEntry, fetch: _Fetch, result: ReadData | BaseException
-                ) -> None:
-        """A fetch's bytes (or why there are none) are in: hold the blocks, wake the waiters."""
+    def _landed(self, entry: MetaEntry, fetch: _Fetch,
+                result: list[ReadData] | BaseException) -> None:
+        """A fetch's bytes, in parts (or why there are none), are in: hold the blocks, wake
+        the waiters."""
         if isinstance(result, BaseException):
             fetch.error = result
         else:
             expected = min(fetch.count * BLOCK_SIZE, entry.size - fetch.first * BLOCK_SIZE)
-            if len(result) != expected:
-                fetch.error = ShortReadError(f"hub sent {len(result)} bytes of {entry.path!r} "
-                                             f"where the snapshot promises {expected}")
+            sizes = [len(part) for part in result]
+            if sum(sizes) != expected or any(size % BLOCK_SIZE for size in sizes[:-1]):
+                fetch.error = ShortReadError(f"hub sent {sizes} bytes of {entry.path!r} where "
+                                             f"the snapshot promises {expected} in whole blocks")
             else:
                 # Views, not copies: a copy per block was most of landing a fetch. They keep
                 # the fetch's bytes alive until the last of its blocks is written.
-                view = memoryview(result)
-                blocks = [view[i:i + BLOCK_SIZE] for i in range(0, len(result), BLOCK_SIZE)]
+                blocks = [view[i:i + BLOCK_SIZE] for view in map(memoryview, result)
+                          for i in range(0, len(view), BLOCK_SIZE)]
                 fetch.blocks.update(zip(range(fetch.first, fetch.first + fetch.count), blocks))
                 self.cache.put_run(entry.file_id, entry.version, fetch.first, blocks)
         inflight = self._inflight

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from fabric.client import (CHECKSUM_ATTEMPTS, ChecksumError, HubClient, HubUnavailable,
-                           RemoteError)
+                           ReadData, RemoteError)
 from fabric.export import Export
 from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PROTOCOL_VERSION,
                              ErrorCode, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
@@ -271,8 +271,8 @@ async def test_start_prefetch_calls_back_with_the_bytes_or_hub_unavailable_past_
     results: list[bytes | BaseException] = []
     landed = trio.Event()
 
-    def on_done(result: bytes | BaseException) -> None:
-        results.append(result)
+    def on_done(result: list[ReadData] | BaseException) -> None:
+        results.append(result if isinstance(result, BaseException) else b"".join(result))
         landed.set()
 
     async with trio.open_nursery() as nursery:

@@ -28,6 +28,12 @@ ENTRY = MetaEntry("data.bin", "f", 0o444, FILE_SIZE, 0, 7, 3)
 ROOT = MetaEntry("", "d", 0o755, 0, 0, 1, 1)
 
 
+def in_parts(data: bytes) -> list[bytes]:
+    """``data`` as the client may hand a prefetch over: in parts, each but the last whole
+    blocks (the replies it came in)."""
+    return [data[:BLOCK_SIZE], data[BLOCK_SIZE:]] if len(data) > BLOCK_SIZE else [data]
+
+
 class FakeHub:
     """Serves DATA and counts what it was asked for."""
 
@@ -40,12 +46,12 @@ class FakeHub:
         return DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
 
     def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
-                       deadline: float, on_done: Callable[[bytes | BaseException], None]
+                       deadline: float, on_done: Callable[[list[bytes] | BaseException], None]
                        ) -> None:
-        """As the real client does: the answer comes later, from another task."""
+        """As the real client does: the answer comes later, from another task, in parts."""
         async def answer() -> None:
             try:
-                on_done(await self.read(file_id, version, first, count))
+                on_done(in_parts(await self.read(file_id, version, first, count)))
             except OSError as exc:
                 on_done(exc)
         trio.lowlevel.spawn_system_task(answer)
@@ -178,6 +184,39 @@ def test_a_prefetch_around_cached_blocks_reports_once_when_all_its_fetches_are_i
     cache.close()
 
 
+def test_a_prefetch_that_lands_in_parts_is_cached_whole_and_misaligned_parts_fail_it(
+        tmp_path: Path) -> None:
+    """The client hands a prefetch over in the parts it came in, not joined; the fetcher cuts
+    blocks out of each. Parts that do not fall on block boundaries are a changed file."""
+    cache = open_cache(tmp_path)
+    done: list[bool] = []
+
+    class SkewedHub(FakeHub):
+        def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
+                           deadline: float,
+                           on_done: Callable[[list[bytes] | BaseException], None]) -> None:
+            data = DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]
+            on_done([data[:100], data[100:]])
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            skewed = BlockFetcher(cache, SkewedHub(), nursery,  # type: ignore[arg-type]
+                                  hub_timeout=5.0)
+            skewed.start_prefetch(ENTRY, 3, 2, done.append)
+            assert done == [False]
+            assert BlockKey(ENTRY.file_id, ENTRY.version, 3) not in cache.policy
+            fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
+                                   hub_timeout=5.0)
+            fetcher.start_prefetch(ENTRY, 0, 11, done.append)
+            await trio.testing.wait_all_tasks_blocked()
+            assert done == [False, True]
+            assert await fetcher.read(ENTRY, 0, FILE_SIZE) == DATA
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    cache.close()
+
+
 def test_a_prefetch_the_client_answers_within_the_call_still_reports(tmp_path: Path) -> None:
     """The real client answers later, from another task; one that answers at once (or fails at
     once) must not leave the caller waiting for a callback that already went by."""
@@ -186,10 +225,10 @@ def test_a_prefetch_the_client_answers_within_the_call_still_reports(tmp_path: P
 
     class PromptHub(FakeHub):
         def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
-                           deadline: float, on_done: Callable[[bytes | BaseException], None]
-                           ) -> None:
+                           deadline: float,
+                           on_done: Callable[[list[bytes] | BaseException], None]) -> None:
             self.reads.append((first, count))
-            on_done(DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE] if first
+            on_done([DATA[first * BLOCK_SIZE:(first + count) * BLOCK_SIZE]] if first
                     else OSError("hub gone"))
 
     async def main() -> None:

@@ -4,9 +4,10 @@
 out of it, copying a 4 MiB reply three times. Here a large payload is received straight into a
 buffer of its own (``recv_into``), which its message keeps: a block reply's data is a view of
 it (``decode_owned_payload``), and so is each range of it (``ReadManyReply.parts``). Small
-frames come out of a reused staging buffer, and msgpack copies their fields out. A read whose
-blocks came in several replies is joined, the one copy left. At 1 GB/s that is the difference
-between a spoke that keeps up and one that does not.
+frames come out of a reused staging buffer, and msgpack copies their fields out. A prefetch
+whose blocks came in several replies is handed over in those parts
+(``HubClient.start_prefetch``); only ``HubClient.read`` joins them. At 1 GB/s that is the
+difference between a spoke that keeps up and one that does not.
 """
 
 from __future__ import annotations
