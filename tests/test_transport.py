@@ -13,6 +13,7 @@ import math
 import os
 import random
 import shutil
+import socket
 import struct
 import sys
 import time
@@ -480,6 +481,38 @@ async def test_send_frame_over_a_socket_with_sendmsg() -> None:
         nursery.start_soon(send_frame, trio.SocketStream(a), frame)
         msg = await reader.receive()
     assert isinstance(msg, ReadReply) and msg.data == data and msg.req_id == 9
+
+
+@trio_test
+async def test_a_large_frame_wakes_its_reader_for_no_byte_beyond_it() -> None:
+    """A large frame is received with SO_RCVLOWAT raised, so that its reader wakes less often.
+    The wait is never for more than the frame still owes (here the sender sends nothing more
+    and keeps the connection open), and it is back to 1 for the next frame's header."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listeners[0].accept()
+    data = random.Random(3).randbytes(3 << 20)
+    wire = encode(ReadReply(1, 0, data, b""))
+    reader = FrameReader(client)
+    try:
+        async with trio.open_nursery() as nursery:
+            async def send_in_two_pieces() -> None:
+                await server.send_all(wire[:len(wire) - 1000])
+                await trio.sleep(0.2)
+                await server.send_all(wire[len(wire) - 1000:])
+
+            nursery.start_soon(send_in_two_pieces)
+            with trio.fail_after(10):
+                msg = await reader.receive()
+        assert isinstance(msg, ReadReply) and msg.data == data
+        assert client.socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        await server.send_all(encode(Hello(6, "next")))
+        with trio.fail_after(10):
+            assert await reader.receive() == Hello(6, "next")
+    finally:
+        for stream in (client, server, *listeners):
+            await stream.aclose()
 
 
 # -- hub and client over loopback -------------------------------------------------------------

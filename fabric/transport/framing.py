@@ -12,6 +12,7 @@ difference between a spoke that keeps up and one that does not.
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections.abc import Sequence
 
@@ -26,6 +27,10 @@ from ..protocol import (CHECKSUM_BYTES, MAX_FRAME, PROTOCOL_VERSION, Message, Pr
 
 STAGING_BYTES = 256 * 1024
 """Receive buffer for headers and small frames; larger payloads get a buffer of their own."""
+RCVLOWAT_MAX = 1024 * 1024
+"""Most bytes a large frame's reader waits to have queued before it is woken (SO_RCVLOWAT):
+each wake-up costs the event loop a round, and a 4 MiB frame otherwise took ~25 of them on
+loopback (docs/transport.md, "Fewer wake-ups per large frame")."""
 
 _HEADER = struct.Struct(">I")
 _FIXARRAY_5 = b"\x95"  # msgpack: an array of five items ([kind, req_id, first, data, sums])
@@ -134,6 +139,7 @@ class FrameReader:
         self._view = memoryview(self._staging)
         self._start = 0  # unread bytes are _staging[_start:_end]
         self._end = 0
+        self._lowat = 1  # the socket's SO_RCVLOWAT
         self.consumed = 0
         """Stream bytes of every frame returned so far (headers included)."""
 
@@ -165,11 +171,40 @@ class FrameReader:
         have = min(self._end - self._start, length)
         payload[:have] = self._view[self._start:self._start + have]
         self._start += have
-        while have < length:
-            got = await self._recv_into(payload[have:])
-            if got == 0:
-                raise ProtocolError(f"connection closed inside a frame ({have} of {length} bytes)")
-            have += got
+        most = self._lowat_limit()
+        try:
+            while have < length:
+                self._wake_at(min(length - have, most))
+                got = await self._recv_into(payload[have:])
+                if got == 0:
+                    raise ProtocolError(
+                        f"connection closed inside a frame ({have} of {length} bytes)")
+                have += got
+        finally:
+            self._wake_at(1)
+
+    def _lowat_limit(self) -> int:
+        """The most to wait for: RCVLOWAT_MAX, and no more than a quarter of the receive buffer
+        as it is now. A wait for more makes the kernel grow the buffer to hold it and clamp the
+        TCP window to the wait (``tcp_set_rcvlowat``), a cap of 1 MiB per connection's window
+        until autotuning lifts it again."""
+        if self._socket is None:
+            return RCVLOWAT_MAX
+        try:
+            return min(RCVLOWAT_MAX, self._socket.getsockopt(socket.SOL_SOCKET,
+                                                             socket.SO_RCVBUF) // 4)
+        except OSError:
+            return 1  # the connection is gone: the next receive says so
+
+    def _wake_at(self, nbytes: int) -> None:
+        """Have the socket wake this reader only once ``nbytes`` are queued (SO_RCVLOWAT),
+        never more than the frame still owes: beyond it the bytes may never come."""
+        if nbytes != self._lowat and self._socket is not None:
+            try:
+                self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+            except OSError:
+                return  # the connection is gone: the next receive says so
+            self._lowat = nbytes
 
     async def _fill(self, need: int, *, at_boundary: bool) -> bool:
         """Make ``need`` unread bytes available in the staging buffer; False on EOF before any
