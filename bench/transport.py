@@ -133,8 +133,8 @@ def make_export() -> Path:
 def cache_export(export: Path) -> None:
     """Read the export file once, so that the loopback rows measure the fabric and not the
     kernel's first touch of the file: a page of a hole not yet in the page cache is a page of
-    zeros the kernel must clear, 38 % of the hub's CPU on loopback when the file had left the
-    cache. A hub serving a dataset its spokes read has it cached in the same way."""
+    zeros the kernel must clear (38 % of the hub's samples under ``perf`` on loopback, when
+    the file had left the cache). A hub serving a dataset its spokes read has it cached."""
     print(f"loopback: reading {EXPORT_BYTES / 2**30:.0f} GiB of the export into the page cache",
           flush=True)
     buffer = bytearray(CACHE_READ_BYTES)

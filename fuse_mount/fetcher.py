@@ -225,8 +225,9 @@ class BlockFetcher:
             expected = min(fetch.count * BLOCK_SIZE, entry.size - fetch.first * BLOCK_SIZE)
             sizes = [len(part) for part in result]
             if sum(sizes) != expected or any(size % BLOCK_SIZE for size in sizes[:-1]):
-                fetch.error = ShortReadError(f"hub sent {sizes} bytes of {entry.path!r} where "
-                                             f"the snapshot promises {expected} in whole blocks")
+                fetch.error = ShortReadError(
+                    f"hub sent {sum(sizes)} bytes of {entry.path!r} (in parts of {sizes}) where "
+                    f"the snapshot promises {expected}, in whole blocks")
             else:
                 # Views, not copies: a copy per block was most of landing a fetch. They keep
                 # the fetch's bytes alive until the last of its blocks is written.
