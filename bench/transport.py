@@ -26,8 +26,9 @@ timeouts, tail loss probes, spurious timeouts and resent segments over that run
 (``HUB_TCP_COUNTERS``). The loopback rows run hub and spoke on 127.0.0.1 with no emulation,
 after a row of plain TCP over the same number of connections (``bench.tcp_ceiling``): what
 this machine moves over loopback between two Python processes doing nothing else, the ceiling
-of the fabric's loopback rows.
-Root is needed for the namespaces. The export file is sparse, under /var/tmp.
+of the fabric's loopback rows; the fabric's rows read the export from the page cache
+(``cache_export``). Root is needed for the namespaces. The export file is sparse, under
+/var/tmp.
 """
 
 from __future__ import annotations
