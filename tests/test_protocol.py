@@ -213,7 +213,8 @@ def test_a_missing_or_extra_field_is_refused(msg: Message, extra: Any, drop: boo
         drop and msg.retransmitted is not None
         or not drop and msg.retransmitted is None and type(extra) is int and extra >= 0)))
     assume(not (isinstance(msg, Hello) and (
-        drop and msg.role is not None or not drop and msg.role is None and isinstance(extra, str) and extra in Role.ALL)))
+        drop and msg.role is not None
+        or not drop and msg.role is None and isinstance(extra, str) and extra in Role.ALL)))
     raw = msgpack.unpackb(encode(msg)[HEADER.size:], raw=False)
     raw = raw[:-1] if drop else raw + [extra]
     with pytest.raises(ProtocolError):
