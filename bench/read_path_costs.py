@@ -75,19 +75,21 @@ LANDING_BLOCKS = 64
 
 class _InstantHub:
     """Stands in for the hub client of a prefetch: ``answer`` hands back the bytes of every
-    prefetch started since (later, as the client does, never inside ``start_prefetch``)."""
+    prefetch started since, in one part (later, as the client does, never inside
+    ``start_prefetch``)."""
 
     def __init__(self) -> None:
         self._data = bytes(LANDING_BLOCKS * BLOCK_SIZE)
-        self._asked: list[tuple[int, Callable[[bytes | BaseException], None]]] = []
+        self._asked: list[tuple[int, Callable[[list[bytes] | BaseException], None]]] = []
 
     def start_prefetch(self, file_id: int, version: int, first: int, count: int, *,
-                       deadline: float, on_done: Callable[[bytes | BaseException], None]) -> None:
+                       deadline: float,
+                       on_done: Callable[[list[bytes] | BaseException], None]) -> None:
         self._asked.append((count, on_done))
 
     def answer(self) -> None:
         for count, on_done in self._asked:
-            on_done(self._data[:count * BLOCK_SIZE])
+            on_done([self._data[:count * BLOCK_SIZE]])
         self._asked.clear()
 
 
