@@ -101,4 +101,3 @@ def _drain(sock: socket.socket, start: float, duration: float,
                 return
     except OSError as exc:
         errors.append(exc)
-

@@ -30,6 +30,7 @@ milliseconds apart at 60 ms (docs/transport.md, "Demand connections without paci
 does not pace (without the fq qdisc), is built into every kernel, and its reaction to loss
 only shrinks a window that replies this small hardly use."""
 
+
 def congestion_for(role: str | None, bulk: str | None) -> str | None:
     """The congestion control a connection of ``role`` runs: ``DEMAND_CONGESTION`` on demand
     connections, ``bulk`` on the rest (a hello without a role is a bulk connection's)."""
