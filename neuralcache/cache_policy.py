@@ -46,15 +46,15 @@ class LruPolicy:
         again, the held ones alone, which leaves the same order (each held key moved last in
         turn).
         """
-        keys = list(keys)
+        touched = list(keys)
         move = self._sizes.move_to_end
         try:
-            deque(map(move, keys), maxlen=0)
+            deque(map(move, touched), maxlen=0)
         except KeyError:
-            held = list(filter(self._sizes.__contains__, keys))
+            held = list(filter(self._sizes.__contains__, touched))
             deque(map(move, held), maxlen=0)
             return held
-        return keys
+        return touched
 
     def insert(self, key: Hashable, size: int,
                protected: Callable[[Hashable], bool] | None = None) -> list[Hashable]:
