@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bench.repro_data import WINDOW_BYTES
-from bench.repro_stats import (EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS, MISSES, PREDICTOR_ISSUED,
-                               PREDICTOR_USEFUL, PREFETCH_FAILED, PREFETCH_ISSUED, PREFETCH_LATE,
-                               PREFETCH_USEFUL, PREFETCH_WASTED, READ_BYTES, READS, RunRecord,
-                               Samples, label_values, metric_total)
+from bench.repro_stats import (DISPATCH_WAIT, EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS, MISSES,
+                               PREDICTOR_ISSUED, PREDICTOR_USEFUL, PREFETCH_FAILED,
+                               PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, PREFETCH_WASTED,
+                               READ_BYTES, READS, RunRecord, Samples, label_values, metric_total)
 
 MB = 1e6
 
@@ -43,6 +43,7 @@ class Diagnosis:
     evictions: float  # blocks
     dropped_events: float  # reads the prefetcher never saw
     by_predictor: tuple[tuple[str, float, float], ...] = ()  # (predictor, issued, useful)
+    dispatch_wait: tuple[tuple[str, float], ...] = ()  # (reason, seconds) the dispatcher waited
 
     @property
     def wan_per_read(self) -> float:
@@ -63,7 +64,13 @@ class Diagnosis:
                 f"{self.failed / MB:.0f} MB; missed {self.miss_bytes / MB:.0f} MB; hub requests "
                 f"demand {self.demand_requests:.0f} prefetch {self.prefetch_requests:.0f}; "
                 f"evicted {self.evictions:.0f} blocks; prefetcher dropped "
-                f"{self.dropped_events:.0f} reads" + self._predictors())
+                f"{self.dropped_events:.0f} reads" + self._dispatch() + self._predictors())
+
+    def _dispatch(self) -> str:
+        """Seconds the hub client's prefetch dispatcher waited, by what for: which of the pacer,
+        the event loop, the window or the prefetcher held the requests back."""
+        parts = [f"{reason} {seconds:.1f}" for reason, seconds in self.dispatch_wait]
+        return "; dispatcher waited s: " + ", ".join(parts) if parts else ""
 
     def _predictors(self) -> str:
         """Issued / useful MB per predictor that issued anything."""
@@ -89,7 +96,9 @@ def diagnose(record: RunRecord) -> Diagnosis | None:
         evictions=metric_total(m, EVICTIONS), dropped_events=metric_total(m, EVENTS_DROPPED),
         by_predictor=tuple((name, metric_total(m, PREDICTOR_ISSUED, predictor=name),
                             metric_total(m, PREDICTOR_USEFUL, predictor=name))
-                           for name in label_values(m, PREDICTOR_ISSUED, "predictor")))
+                           for name in label_values(m, PREDICTOR_ISSUED, "predictor")),
+        dispatch_wait=tuple((reason, metric_total(m, DISPATCH_WAIT, reason=reason))
+                            for reason in label_values(m, DISPATCH_WAIT, "reason")))
 
 
 LINK_GAUGES = (("neuralcache_fabric_btl_bw_bytes_per_second", "btl_bw", 8e-6, "Mbit/s"),

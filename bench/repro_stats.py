@@ -42,6 +42,7 @@ READS = "neuralcache_reads_total"
 HUB_REQUESTS = "neuralcache_fabric_requests_total"
 PREDICTOR_ISSUED = "neuralcache_prefetch_predictor_issued_bytes_total"
 PREDICTOR_USEFUL = "neuralcache_prefetch_predictor_useful_bytes_total"
+DISPATCH_WAIT = "neuralcache_fabric_prefetch_dispatch_wait_seconds_total"
 WRITE_BATCHES = ("neuralcache_cache_write_batch_seconds_bucket",
                  "neuralcache_cache_write_batch_seconds_count",
                  "neuralcache_cache_write_batch_seconds_sum",
@@ -51,8 +52,8 @@ LOOP_CPU = "neuralcache_loop_cpu_seconds_total"
 LOOP_RUNQUEUE = "neuralcache_loop_runqueue_seconds_total"
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
-                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, *WRITE_BATCHES,
-                LOOP_CPU, LOOP_RUNQUEUE)
+                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, DISPATCH_WAIT,
+                *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 

@@ -134,6 +134,10 @@ PRIORITIES = {"demand": Priority.DEMAND, "prefetch": Priority.PREFETCH}
 
 DEMAND, BULK = Role.DEMAND, Role.BULK  # connection roles
 
+_WAIT_PACER, _WAIT_PACER_LATE, _WAIT_WINDOW, _WAIT_EMPTY, _WAIT_CONNECTIONS = (
+    metrics.FABRIC_DISPATCH_WAIT.labels(reason)
+    for reason in ("pacer", "pacer_late", "window", "empty", "connections"))
+
 
 class HubUnavailable(Exception):
     """The hub could not be reached (or answered nothing) before the deadline."""
@@ -564,18 +568,28 @@ class HubClient:
     # -- prefetch --------------------------------------------------------------------------
 
     async def _dispatch(self) -> None:
-        """Release queued prefetch chunks as the controller's window and pacer allow."""
+        """Release queued prefetch chunks as the controller's window and pacer allow. The
+        time it waits, by what for, is counted (``FABRIC_DISPATCH_WAIT``): on a path the
+        prefetch does not fill, it says whether the pacer, the window, the event loop or the
+        prefetcher held the requests back."""
         while True:
+            now = trio.current_time()
             bulk = [c for c in self._conns if c.role == BULK and c.has_room]
             if not bulk:
                 await self._wake.wait()
+                _WAIT_CONNECTIONS.inc(trio.current_time() - now)
                 continue
-            now = trio.current_time()
+            queued = self._pipe.queued_bytes > 0
             out = self._pipe.poll(now, self._resends.lossy(now))
             if out is None:
                 await self._wake.wait()
+                (_WAIT_WINDOW if queued else _WAIT_EMPTY).inc(trio.current_time() - now)
             elif isinstance(out, float):
                 await self._wake.wait(out)
+                woke = trio.current_time()
+                _WAIT_PACER.inc(min(woke, out) - now)
+                if woke > out:
+                    _WAIT_PACER_LATE.inc(woke - out)
             else:
                 conn = min(bulk, key=lambda c: c.pending_bytes)
                 await self._send_read(conn, out.pieces, out.packet_id)

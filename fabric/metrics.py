@@ -62,6 +62,12 @@ FABRIC_REQUESTS = Counter(
     "neuralcache_fabric_requests_total",
     "Read requests sent to the hub, by priority (a hedged demand read counts each copy).",
     ["priority"])
+FABRIC_DISPATCH_WAIT = Counter(
+    "neuralcache_fabric_prefetch_dispatch_wait_seconds_total",
+    "Seconds the spoke's prefetch dispatcher waited before its next request, by what for: "
+    "pacer (the pacing rate), pacer_late (past the pacer's time, for the busy event loop), "
+    "window (the congestion window full), empty (no prefetch queued), connections (no bulk "
+    "connection with room).", ["reason"])
 FABRIC_EXPEDITED_BLOCKS = Counter(
     "neuralcache_fabric_expedited_blocks_total",
     "Blocks a reader needed while their prefetch request still waited in the spoke's queue; "

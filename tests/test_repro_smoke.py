@@ -192,8 +192,9 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
 
 def test_diagnosis_accounts_for_the_wan_bytes() -> None:
     from bench.repro_diag import diagnose, link_model
-    from bench.repro_stats import (HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL,
-                                   PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, READ_BYTES)
+    from bench.repro_stats import (DISPATCH_WAIT, HUB_REQUESTS, PREDICTOR_ISSUED,
+                                   PREDICTOR_USEFUL, PREFETCH_ISSUED, PREFETCH_LATE,
+                                   PREFETCH_USEFUL, READ_BYTES)
 
     trace = _trace([0.02] * 10)
     trace.read_seconds = [0.001] * 240  # 240 samples of 16 KiB read by the loader
@@ -218,6 +219,11 @@ def test_diagnosis_accounts_for_the_wan_bytes() -> None:
     assert "WAN/read 1.30" in d.line() and "demand 120 prefetch 180" in d.line()
     assert d.line().endswith("; issued/useful MB by predictor: hinted 3/2")  # stride issued 0
     assert diagnose(RunRecord("shuffled|hub-local", 0, trace, 1.0)) is None
+    metrics[f'{DISPATCH_WAIT}{{reason="pacer"}}'] = 11.08
+    metrics[f'{DISPATCH_WAIT}{{reason="empty"}}'] = 2.04
+    d = diagnose(record)
+    assert d is not None
+    assert "; dispatcher waited s: empty 2.0, pacer 11.1; issued/useful MB" in d.line()
     scrape = {("neuralcache_fabric_btl_bw_bytes_per_second", ()): 25e6,
               ("neuralcache_fabric_min_rtt_seconds", ()): 0.061}
     assert link_model(scrape) == "link model at the end: btl_bw 200.0 Mbit/s, min_rtt 61.0 ms"
