@@ -116,3 +116,45 @@ def test_the_bucket_holds_burst_seconds_at_high_rates_so_late_wakeups_keep_the_r
         pacer.on_sent(now, size)
     assert 200 * size / now >= 0.95 * rate
     assert Pacer(1e6, burst=2 * MSS).capacity == 2 * MSS  # slow paths: the byte floor
+
+
+def test_a_sender_that_always_comes_back_late_keeps_the_rate():
+    """At 200 Mbit/s a request (200 KB) is larger than the bucket (128 KiB): without the late
+    credit a sender that always comes back 1 ms after the time it was told loses each
+    millisecond; with it, it keeps the rate."""
+    rate, size = 25e6, 200 * 1024
+
+    def run(pacer: Pacer) -> float:
+        now = 0.0
+        for _ in range(200):
+            now = pacer.next_send_time(now, size) + 0.001
+            assert pacer.next_send_time(now, size) == now
+            pacer.on_sent(now, size)
+        return 200 * size / now
+
+    assert run(Pacer(rate, burst=2 * MSS)) >= 0.97 * rate
+    assert run(Pacer(rate, burst=2 * MSS, late_credit=0.0)) < 0.95 * rate
+
+
+def test_idle_time_earns_no_late_credit():
+    """Lateness is credited only to a send that was told to wait: after an idle second the
+    bucket holds its cap, not more."""
+    pacer = Pacer(25e6, burst=2 * MSS)
+    pacer.on_sent(0.0, 2 * MSS)
+    assert pacer.next_send_time(1.0, 4 * MSS) == 1.0
+    pacer.on_sent(1.0, 4 * MSS)  # the full bucket (2 MSS) went, 2 MSS in debt
+    assert pacer.next_send_time(1.0, MSS) == pytest.approx(1.0 + 3 * MSS / 25e6)
+
+
+def test_late_credit_is_bounded():
+    """A send a second late keeps 10 ms of tokens beyond the cap, not a second's."""
+    rate = 25e6
+    pacer = Pacer(rate, burst=2 * MSS, burst_seconds=0.0, late_credit=0.010)
+    pacer.on_sent(0.0, 2 * MSS)
+    due = pacer.next_send_time(0.0, 4 * MSS)
+    assert due == pytest.approx(2 * MSS / rate)
+    late = due + 1.0
+    assert pacer.next_send_time(late, 4 * MSS) == late
+    pacer.on_sent(late, 4 * MSS)  # it had the cap (2 MSS) and 10 ms at the rate
+    left = 2 * MSS + 0.010 * rate - 4 * MSS
+    assert pacer.next_send_time(late, 2 * MSS) == pytest.approx(late + (2 * MSS - left) / rate)
