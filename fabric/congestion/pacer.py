@@ -35,10 +35,11 @@ LATE_CREDIT_SECONDS = 0.010
 it had come on time. The trio shell that waits for that time wakes late whenever the event
 loop is busy (a millisecond on average in a cold I/O-bound run of `bench.repro` at 200 Mbit/s,
 more at times: `neuralcache_fabric_prefetch_dispatch_wait_seconds_total{reason="pacer_late"}`
-was 13-17 % of the run). A send waits until the bucket holds `burst` (its request is larger),
+was 12-18 % of the run). A send waits until the bucket holds `burst` (its request is larger),
 which at that rate is also the cap, so without this every late wake-up lost its time at the
 rate. Only lateness is credited: idle time refills the bucket to its cap and no further, so a
-sender that had nothing to send does not come back with a larger burst."""
+sender that had nothing to send does not come back with a larger burst (one told a time that
+then sent nothing keeps at most the same 10 ms)."""
 
 SLACK_BYTES = 1.0
 """A send may go this many bytes early so float rounding of a wake-up time cannot spin."""
