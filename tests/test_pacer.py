@@ -44,6 +44,22 @@ def test_with_a_bucket_of_burst_seconds_the_bound_adds_its_capacity(rate, burst,
     _assert_bounded(times, sizes, pacer.capacity + max(sizes) + SLACK_BYTES, rate)
 
 
+@given(rates, bursts, sizes, gaps, gaps)
+def test_a_late_sender_adds_at_most_its_late_credit_to_the_bound(rate, burst, sizes, gaps,
+                                                                  lateness):
+    """A sender that comes back up to 50 ms after the time it was told sends no more than the
+    bucket, the late credit and the largest request beyond the rate."""
+    pacer = Pacer(rate, burst=burst)
+    now, times = 0.0, []
+    for size, gap, late in zip(sizes, gaps, lateness):
+        now = pacer.next_send_time(now + gap, size) + late
+        assert pacer.next_send_time(now, size) == now
+        pacer.on_sent(now, size)
+        times.append(now)
+    allowance = pacer.capacity + rate * pacer.late_credit + max(sizes) + SLACK_BYTES
+    _assert_bounded(times, sizes, allowance, rate)
+
+
 def _assert_bounded(times, sizes, allowance, rate):
     for i in range(len(times)):
         for j in range(i, len(times)):
