@@ -45,8 +45,8 @@ def test_with_a_bucket_of_burst_seconds_the_bound_adds_its_capacity(rate, burst,
 
 
 @given(rates, bursts, sizes, gaps, gaps)
-def test_a_late_sender_adds_at_most_its_late_credit_to_the_bound(rate, burst, sizes, gaps,
-                                                                  lateness):
+def test_a_late_sender_adds_at_most_its_late_credit_to_the_bound(
+        rate, burst, sizes, gaps, lateness):
     """A sender that comes back up to 50 ms after the time it was told sends no more than the
     bucket, the late credit and the largest request beyond the rate."""
     pacer = Pacer(rate, burst=burst)
