@@ -46,9 +46,10 @@ from neuralcache.blocks import BLOCK_SIZE
 from . import metrics
 from .checksum import bad_blocks, intact
 from .congestion import CongestionStats, create_controller
-from .protocol import (PROTOCOL_VERSION, ErrorReply, Hello, Message, MetaEntry, MetaReply,
-                       MetaRequest, PacingLimit, Priority, ProtocolError, ReadManyReply,
-                       ReadManyRequest, ReadReply, ReadRequest, Role, Welcome, encode)
+from .protocol import (MAX_READ_BLOCKS, PROTOCOL_VERSION, ErrorReply, Hello, Message,
+                       MetaEntry, MetaReply, MetaRequest, PacingLimit, Priority, ProtocolError,
+                       ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role, Welcome,
+                       encode)
 from .transport import tcp
 from .transport.arrivals import ArrivalTracker, TcpCounters
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
@@ -223,6 +224,23 @@ class _Read:
 
 _Piece = tuple[_Read, int, int]
 """``(read, first block, count)``: a range of one read that a request asks for."""
+
+
+def adjacent_runs(pieces: list[_Piece]) -> list[list[_Piece]]:
+    """``pieces`` grouped into runs of consecutive blocks, in block order, each run at most
+    what one request may ask for (``MAX_READ_BLOCKS``)."""
+    runs: list[list[_Piece]] = []
+    run_blocks = 0
+    for piece in sorted(pieces, key=lambda p: p[1]):
+        last = runs[-1][-1] if runs else None
+        if (last is not None and last[1] + last[2] == piece[1]
+                and run_blocks + piece[2] <= MAX_READ_BLOCKS):
+            runs[-1].append(piece)
+            run_blocks += piece[2]
+        else:
+            runs.append([piece])
+            run_blocks = piece[2]
+    return runs
 
 
 @dataclass(eq=False)
@@ -500,22 +518,35 @@ class HubClient:
             return 0
         pieces = self._pipe.take(
             lambda job: job.file_id == file_id and job.version == version, first, first + count)
-        for job, piece_first, piece_count in pieces:
-            self._nursery.start_soon(self._expedite_piece, job, piece_first, piece_count)
+        for run in adjacent_runs(pieces):
+            self._nursery.start_soon(self._expedite_run, run)
         expedited = sum(piece_count for _, _, piece_count in pieces)
         metrics.FABRIC_EXPEDITED_BLOCKS.inc(expedited)
         return expedited
 
-    async def _expedite_piece(self, job: _Read, first: int, count: int) -> None:
-        """Fetch part of a prefetch read as a demand read, and hand its blocks to that read."""
-        piece = _Read(job.file_id, job.version, first, count, Priority.DEMAND, job.deadline)
-        await self._drive_demand(piece, job.deadline)
-        if job.finished or not piece.finished:
-            return  # the prefetch read gave up, or timed out itself
-        if piece.error is not None:
-            job.finish(piece.error)
-            return
-        job.add_part(first, count, piece.data())
+    async def _expedite_run(self, pieces: list[_Piece]) -> None:
+        """Fetch adjacent pieces of prefetch reads as one demand read, and hand each its blocks.
+
+        One request (and one task) for the run, not one per piece: the planner's reads are
+        often smaller than a FUSE read, and where the pacer holds them back (a cold read on a
+        fast link, docs/throughput.md) each FUSE read took its blocks from several of them."""
+        job, first, _ = pieces[0]
+        count = sum(piece_count for _, _, piece_count in pieces)
+        deadline = max(piece_job.deadline for piece_job, _, _ in pieces)
+        demand = _Read(job.file_id, job.version, first, count, Priority.DEMAND, deadline)
+        await self._drive_demand(demand, deadline)
+        if not demand.finished:
+            return  # each prefetch read times out by its own deadline
+        data = None if demand.error is not None else memoryview(demand.data())
+        for piece_job, piece_first, piece_count in pieces:
+            if piece_job.finished:
+                continue  # the prefetch read gave up
+            if data is None:
+                piece_job.finish(demand.error)
+                continue
+            start = (piece_first - first) * BLOCK_SIZE
+            piece_job.add_part(piece_first, piece_count,
+                               data[start:start + piece_count * BLOCK_SIZE])
 
     # -- demand ----------------------------------------------------------------------------
 

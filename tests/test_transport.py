@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from fabric import checksum
 from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
                            HEDGE_COPIES, HEDGE_MAX_BLOCKS, HubClient,
-                           demand_copies, stagger_step)
+                           adjacent_runs, demand_copies, stagger_step)
 from fabric.congestion import CongestionStats, create_controller
 from fabric.congestion.base import SampledController
 from fabric.export import Export, WouldBlock
@@ -644,6 +644,46 @@ async def test_blocks_a_reader_needs_leave_the_prefetch_queue_as_demand(export_d
     # The hub read the expedited blocks before prefetch chunks that were queued ahead of them.
     expedited_at = export.reads.index(2880)
     assert min(export.reads[expedited_at + 1:]) < 2880
+
+
+def test_adjacent_runs_join_consecutive_pieces_up_to_one_request() -> None:
+    a, b, c = object(), object(), object()
+    pieces = [(b, 16, 16), (a, 0, 16), (c, 40, 8), (a, 32, 8)]
+    assert adjacent_runs(pieces) == [[(a, 0, 16), (b, 16, 16), (a, 32, 8), (c, 40, 8)]]
+    assert adjacent_runs([(a, 0, 16), (b, 20, 4)]) == [[(a, 0, 16)], [(b, 20, 4)]]
+    big_pieces = [(a, i * 512, 512) for i in range(3)]  # 1536 blocks > MAX_READ_BLOCKS
+    assert adjacent_runs(big_pieces) == [big_pieces[:2], big_pieces[2:]]
+
+
+@trio_test
+async def test_adjacent_queued_prefetch_reads_are_expedited_as_one_demand_request(
+        export_dir: Path) -> None:
+    """A reader's run that spans several queued prefetch reads costs one demand request, and
+    each prefetch read still gets exactly its own blocks."""
+    e = big(export_dir)
+    demand = {"priority": "demand"}
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, SlowExport(str(export_dir)), read_slots=1)
+        client = await started_client(nursery, hub.port)
+        # Enough ahead to fill the window, so the last reads wait in the queue.
+        for first in range(0, 2800, 200):
+            client.start_prefetch(e.file_id, e.version, first, 200,
+                                  deadline=trio.current_time() + 30, on_done=lambda _: None)
+        done: dict[int, list] = {}
+        for first in range(2800, 2880, 16):
+            client.start_prefetch(e.file_id, e.version, first, 16,
+                                  deadline=trio.current_time() + 30,
+                                  on_done=lambda parts, first=first: done.__setitem__(first, parts))
+        await trio.sleep(0.2)
+        requests = metric("neuralcache_fabric_requests_total", demand)
+        assert client.expedite(e.file_id, e.version, 2808, 56) == 56  # parts of 4 reads
+        with trio.fail_after(10):
+            while not all(first in done for first in range(2816, 2864, 16)):
+                await trio.sleep(0.01)
+        assert metric("neuralcache_fabric_requests_total", demand) - requests == 1
+        for first in range(2816, 2864, 16):
+            assert b"".join(done[first]) == blocks_of(export_dir, first, 16)
+        nursery.cancel_scope.cancel()
 
 
 @trio_test
