@@ -34,6 +34,7 @@ from bench.wan import (
     force_socket_buffers,
 )
 from bench.wan_check import measure_rtt, measure_transfer
+from bench.wan_forwarder import DELIVERY_WINDOW
 
 REPO = Path(__file__).resolve().parent.parent
 NETNS_DIR = Path("/var/run/netns")
@@ -111,7 +112,8 @@ def test_rtt_within_ten_percent(rtt: float) -> None:
         samples = measure_rtt(link, samples=15)
     assert len(samples) == 15
     assert statistics.median(samples) == pytest.approx(rtt, rel=TOLERANCE)
-    assert min(samples) >= rtt  # a packet is never early
+    # A packet is never early by more than the forwarder's delivery window, each way.
+    assert min(samples) >= rtt - 2 * DELIVERY_WINDOW
 
 
 def test_two_links_at_once_are_separate() -> None:
