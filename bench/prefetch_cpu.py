@@ -37,7 +37,7 @@ from typing import Callable
 
 from neuralcache.blocks import BLOCK_SIZE, KEY_SHIFT, block_key, block_span
 from neuralcache.catalog import Catalog
-from neuralcache.events import AccessEvent, LinkEstimate, PrefetchRequest
+from neuralcache.events import AccessEvent, CacheView, LinkEstimate, PrefetchRequest
 from neuralcache.hints import HintRecord
 from neuralcache.prefetcher import Prefetcher
 
@@ -83,7 +83,7 @@ OTHER_FILE = 1 << 20
 SEED = 1
 
 
-class ModelCache:
+class ModelCache(CacheView):
     """An LRU block cache (the prefetcher's ``CacheView``) whose eviction spares protected
     blocks, as the daemon's BlockCache does; evictions are reported to ``evicted``."""
 
@@ -98,6 +98,22 @@ class ModelCache:
 
     def contains(self, file_id: int, block: int) -> bool:
         return self.warm or block_key(file_id, block) in self.lru
+
+    def present_until(self, file_id: int, first: int, stop: int) -> int:
+        base, lru, warm = block_key(file_id, 0), self.lru, self.warm
+        for block in range(first, stop):  # block by block, as the mount's MountCacheView walks
+            if not (warm or base | block in lru):
+                return block
+        return stop
+
+    def absent_until(self, file_id: int, first: int, stop: int) -> int:
+        if self.warm:
+            return first  # the mount's walk, too, stops at the first block
+        base, lru = block_key(file_id, 0), self.lru
+        for block in range(first, stop):
+            if base | block in lru:
+                return block
+        return stop
 
     def free_bytes(self) -> int:
         if self.warm:
@@ -173,13 +189,12 @@ def _random(name: str, about: str, passes: int, capacity: int, prefill: bool,
                    timed_from=RANDOM_READS * (passes - 1))
 
 
-def _sequential() -> Pattern:
+def _sequential(name: str, about: str, warm: bool = False) -> Pattern:
     catalog = Catalog([(i + 1, f"seq/shard-{i:03d}.bin", SEQ_FILE_BYTES)
                        for i in range(SEQ_FILES)])
     reads = [(10 + fid, fid, off, SEQ_READ) for fid in range(1, SEQ_FILES + 1)
              for off in range(0, SEQ_FILE_BYTES, SEQ_READ)]
-    return Pattern("sequential", "1 MiB reads through 4 x 256 MiB shards", catalog, reads,
-                   SEQ_INTERVAL_S, ROOMY_CACHE)
+    return Pattern(name, about, catalog, reads, SEQ_INTERVAL_S, ROOMY_CACHE, warm=warm)
 
 
 def _hinted(name: str, about: str, capacity: int, prefill: bool, warm: bool = False) -> Pattern:
@@ -219,7 +234,8 @@ def patterns() -> list[Pattern]:
                 warm=True),
         _random("warm-full", "every block cached, no free space", 1, FULL_CACHE, True,
                 warm=True),
-        _sequential(),
+        _sequential("sequential", "1 MiB reads through 4 x 256 MiB shards"),
+        _sequential("sequential-warm", "the same, every block cached (a warm spoke)", warm=True),
         _hinted("hinted", "8 workers, shuffled 16 KiB samples, 8 shards, hints", ROOMY_CACHE,
                 False),
         _hinted("hinted-full", "the same, cache full of other data", FULL_CACHE, True),

@@ -31,7 +31,7 @@ import numpy as np
 
 from neuralcache.blocks import BLOCK_SIZE, KEY_SHIFT, block_key, block_span
 from neuralcache.catalog import Catalog
-from neuralcache.events import AccessEvent, LinkEstimate, PrefetchRequest
+from neuralcache.events import AccessEvent, CacheView, LinkEstimate, PrefetchRequest
 from neuralcache.hints import HintRecord
 from neuralcache.trace import Trace
 
@@ -74,7 +74,7 @@ class LinkModel:
         return LinkEstimate(self.bandwidth, self.rtt)
 
 
-class SimCache:
+class SimCache(CacheView):
     """LRU block cache (CacheView for the policy); eviction skips protected blocks."""
 
     def __init__(self, capacity: int) -> None:

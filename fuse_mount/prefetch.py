@@ -39,7 +39,7 @@ from fabric.congestion import CongestionStats
 from fabric.protocol import MetaEntry
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.catalog import Catalog
-from neuralcache.events import AccessEvent, LinkEstimate, PrefetchRequest
+from neuralcache.events import AccessEvent, CacheView, LinkEstimate, PrefetchRequest
 from neuralcache.hints import HintRecord
 from neuralcache.planner import PrefetchStats
 from neuralcache.prefetcher import Prefetcher
@@ -75,12 +75,16 @@ def measured_link(stats: CongestionStats) -> LinkEstimate | None:
     return None
 
 
-class MountCacheView:
+class MountCacheView(CacheView):
     """What the planner may ask of the cache, answered from memory: the LRU policy's keys and
     the fetcher's in-flight map (never LMDB), with each file's snapshot version for the key.
 
-    The planner asks block by block, hundreds of times per 1 MiB read it predicts past, so
-    ``contains`` is a dict lookup and two C-level membership tests.
+    The planner asks about every block of the windows it guesses, hundreds per 1 MiB read it
+    predicts past: ``contains`` is a dict lookup and two C-level membership tests, and
+    ``present_until``/``absent_until`` walk a stretch with those tests inlined, at about half
+    the cost of a ``contains`` call per block over 64 blocks or more. (A walk in C with
+    ``itertools`` was slower: building and hashing each key is most of the work, and it costs
+    more to set up.)
     """
 
     def __init__(self, namespace: Namespace, cache: BlockCache, fetcher: BlockFetcher) -> None:
@@ -96,6 +100,28 @@ class MountCacheView:
         # A plain tuple finds the same entries as the BlockKey it equals (see run_keys).
         key = (file_id, version, block)
         return self._held(key) or self._in_flight(key)
+
+    def present_until(self, file_id: int, first: int, stop: int) -> int:
+        version = self._versions.get(file_id)
+        if version is None:
+            return stop
+        held, in_flight = self._held, self._in_flight
+        for block in range(first, stop):
+            key = (file_id, version, block)
+            if not (held(key) or in_flight(key)):
+                return block
+        return stop
+
+    def absent_until(self, file_id: int, first: int, stop: int) -> int:
+        version = self._versions.get(file_id)
+        if version is None:
+            return first
+        held, in_flight = self._held, self._in_flight
+        for block in range(first, stop):
+            key = (file_id, version, block)
+            if held(key) or in_flight(key):
+                return block
+        return stop
 
     def free_bytes(self) -> int:
         return self._policy.capacity - self._policy.used

@@ -68,6 +68,14 @@ class IntervalSet:
             return self._stops[i]
         return x
 
+    def next_covered(self, x: int, limit: int) -> int:
+        """The smallest covered value in ``[x, limit)``, or ``limit`` if there is none."""
+        i = bisect.bisect_right(self._starts, x) - 1
+        if i >= 0 and x < self._stops[i]:
+            return min(x, limit)
+        i += 1
+        return min(self._starts[i], limit) if i < len(self._starts) else limit
+
     def uncovered(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The parts of ``[start, stop)`` not covered, in order."""
         out = []

@@ -222,19 +222,17 @@ class Planner:
     def unknown_runs(self, file_id: int, first: int, stop: int) -> list[tuple[int, int]]:
         """Sub-ranges of ``[first, stop)`` neither remembered present nor cached."""
         known = self._known_in(file_id)
-        contains = self.cache.contains
+        present_until, absent_until = self.cache.present_until, self.cache.absent_until
         out = []
         for a, b in known.uncovered(first, stop):
             block = a
             while block < b:
                 start = block
-                while block < b and not contains(file_id, block):
-                    block += 1
+                block = absent_until(file_id, block, b)
                 if block > start:
                     out.append((start, block))
                 start = block
-                while block < b and contains(file_id, block):
-                    block += 1
+                block = present_until(file_id, block, b)
                 known.add(start, block)  # remembered in one step per cached stretch
         return out
 
@@ -242,14 +240,15 @@ class Planner:
                source: str, room_blocks: int) -> list[PrefetchRequest]:
         """Requests for the blocks of ``[first, stop)`` not cached or in flight.
 
-        Known-present stretches are skipped with one bisection. The last run is extended over
-        following blocks that other windows of the same predictor guess too: ranks of a
-        distributed sampler each predict every eighth sample, and one 256 KiB request for
-        their union is cheaper than eight 16 KiB ones.
+        Known-present stretches are skipped with one bisection, and the cache is asked about
+        a stretch at a time (``present_until``, ``absent_until``), not block by block. The last
+        run is extended over following blocks that other windows of the same predictor guess
+        too: ranks of a distributed sampler each predict every eighth sample, and one 256 KiB
+        request for their union is cheaper than eight 16 KiB ones.
         """
         out: list[PrefetchRequest] = []
         known = self._known_in(file_id)
-        contains = self.cache.contains
+        cache = self.cache
         guessed_by = self.ledger.guessed_by
         run_start = None
         block = first
@@ -260,23 +259,22 @@ class Planner:
                     fresh = False
                     self.note_present(file_id, block, min(skip_to, stop), source)
                 else:
-                    # Cached blocks are remembered a stretch at a time (one insertion each):
-                    # a fill walks whole files that are mostly cached already.
-                    while skip_to < stop and contains(file_id, skip_to):
-                        skip_to += 1
-                    fresh = skip_to == block
-                    if fresh:
-                        skip_to = block + 1
-                    else:
+                    # Fresh up to the first block cached, or known to be (in flight).
+                    skip_to = cache.absent_until(file_id, block, known.next_covered(block, stop))
+                    fresh = skip_to > block
+                    if not fresh:
+                        # Cached blocks are remembered a stretch at a time (one insertion
+                        # each): a fill walks whole files that are mostly cached already.
+                        skip_to = cache.present_until(file_id, block, stop)
                         known.add(block, skip_to)
                         self.note_present(file_id, block, skip_to, source)
             else:
                 fresh = (run_start is not None and block - run_start < MAX_REQUEST_BLOCKS
                          and room_blocks > 0 and guessed_by(block_key(file_id, block), source)
-                         and not known.covers(block) and not contains(file_id, block))
+                         and not known.covers(block) and not cache.contains(file_id, block))
                 skip_to = block + 1
             if fresh:
-                room_blocks -= 1
+                room_blocks -= skip_to - block
                 if run_start is None:
                     run_start = block
             elif run_start is not None:

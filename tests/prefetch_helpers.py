@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from neuralcache.blocks import BLOCK_SIZE, block_key
 from neuralcache.catalog import Catalog
-from neuralcache.events import LinkEstimate, PrefetchRequest
+from neuralcache.events import CacheView, LinkEstimate, PrefetchRequest
 
 LINK = LinkEstimate(bandwidth=25e6, min_rtt=0.06)  # the issue's 200 Mbit/s, 60 ms
 
 
-class DictCache:
+class DictCache(CacheView):
     """A CacheView backed by a set of block keys."""
 
     def __init__(self, capacity: int = 1 << 30) -> None:

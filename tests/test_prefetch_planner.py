@@ -136,6 +136,8 @@ def test_interval_set_matches_a_reference_set():
         assert ivs.covers(x) == (x in ref)
         gaps = ivs.uncovered(a, b + 10)
         assert {v for g in gaps for v in range(*g)} == set(range(a, b + 10)) - ref
+        assert ivs.next_covered(x, b + 10) == min({v for v in ref if x <= v < b + 10},
+                                                  default=b + 10)
     spans = ivs.intervals()
     assert all(s1 < e1 < s2 for (s1, e1), (s2, _) in zip(spans, spans[1:]))  # merged, sorted
 

@@ -7,6 +7,7 @@ import errno
 import math
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyfuse3
 import pytest
@@ -14,10 +15,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fabric.congestion import CongestionStats
+from fabric.protocol import MetaEntry
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.control import ControlFiles
-from fuse_mount.prefetch import measured_link
+from fuse_mount.prefetch import MountCacheView, measured_link
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.cache_policy import LruPolicy
 from neuralcache.events import LinkEstimate
@@ -117,3 +119,28 @@ def test_the_link_estimate_is_the_transport_model_once_it_has_one() -> None:
     assert measured_link(_stats(0.0, math.inf)) is None
     assert measured_link(_stats(1e6, math.inf)) is None
     assert measured_link(_stats(25e6, 0.06)) == LinkEstimate(25e6, 0.06)
+
+
+@given(st.sets(st.integers(0, 40)), st.sets(st.integers(0, 40)), st.integers(0, 45),
+       st.integers(0, 45), st.booleans())
+def test_the_mount_answers_a_stretch_as_contains_does_block_by_block(
+        held: set[int], fetching: set[int], first: int, length: int, known_file: bool) -> None:
+    """``present_until``/``absent_until`` walk keys in a loop of their own; they must agree
+    with ``contains``."""
+    policy = LruPolicy(1 << 30)
+    for block in held:
+        policy.insert((7, 3, block), BLOCK_SIZE)
+    in_flight = {(7, 3, block) for block in fetching}
+    view = MountCacheView(
+        SimpleNamespace(files=lambda: [MetaEntry("a", "f", 0o444, 1 << 20, 0, 7, 3)]),
+        SimpleNamespace(policy=policy), SimpleNamespace(in_flight=in_flight.__contains__))
+    file_id, stop = (7 if known_file else 8), first + length
+
+    def walk(wanted: bool) -> int:
+        block = first
+        while block < stop and view.contains(file_id, block) != wanted:
+            block += 1
+        return block
+
+    assert view.present_until(file_id, first, stop) == walk(False)
+    assert view.absent_until(file_id, first, stop) == walk(True)
