@@ -350,6 +350,48 @@ class Simulation:
             else:
                 return
 
+    def _serve(self, now: float, fid: int, first: int, stop: int) -> tuple[float, int]:
+        """A read of blocks ``[first, stop)`` at ``now``: when its last block is there, and how
+        many were hits. Blocks in flight are waited for (promoted to demand if the mount
+        does that), missing ones fetched as one demand transfer."""
+        cache, result, link = self.cache, self.result, self.link
+        done = now
+        hits = 0
+        missing: list[int] = []
+        for block in range(first, stop):
+            key = block_key(fid, block)
+            if key in cache.lru:
+                hits += 1
+                cache.lru.move_to_end(key)
+                if key in self._unused:
+                    self._unused.discard(key)
+                    result.useful_on_time += 1
+                continue
+            tr = cache.pending.get(key)
+            if tr is None:
+                missing.append(key)
+                continue
+            if tr.request is not None and key not in self._late:
+                self._late.add(key)
+                result.useful_late += 1
+            if tr.arrival is None and not self.mount.promote:
+                done = max(done, link.expected_arrival(tr))
+                continue
+            if tr.arrival is None:
+                arrival, rest = link.promote(now, tr)
+                for k in tr.keys:
+                    if cache.pending.get(k) is tr:
+                        cache.pending[k] = rest
+                tr = rest
+            done = max(done, tr.arrival)  # type: ignore[type-var]
+        if missing:
+            tr = Transfer(missing, 0.0, None)
+            for key in missing:
+                cache.pending[key] = tr
+            result.demand_fetched += len(missing)
+            done = max(done, link.demand(now, tr))
+        return done, hits
+
     # the replay ----------------------------------------------------------------------------
     def run(self) -> Result:
         reads = self.trace.reads
@@ -396,41 +438,7 @@ class Simulation:
             fid = files[i]
             first, stop = block_span(offsets[i], lengths[i])
             stop = min(stop, self.catalog.blocks(fid))
-            done = now
-            hits = 0
-            missing: list[int] = []
-            for block in range(first, stop):
-                key = block_key(fid, block)
-                if key in cache.lru:
-                    hits += 1
-                    cache.lru.move_to_end(key)
-                    if key in self._unused:
-                        self._unused.discard(key)
-                        result.useful_on_time += 1
-                    continue
-                tr = cache.pending.get(key)
-                if tr is None:
-                    missing.append(key)
-                    continue
-                if tr.request is not None and key not in self._late:
-                    self._late.add(key)
-                    result.useful_late += 1
-                if tr.arrival is None and not self.mount.promote:
-                    done = max(done, link.expected_arrival(tr))
-                    continue
-                if tr.arrival is None:
-                    arrival, rest = link.promote(now, tr)
-                    for k in tr.keys:
-                        if cache.pending.get(k) is tr:
-                            cache.pending[k] = rest
-                    tr = rest
-                done = max(done, tr.arrival)  # type: ignore[type-var]
-            if missing:
-                tr = Transfer(missing, 0.0, None)
-                for key in missing:
-                    cache.pending[key] = tr
-                result.demand_fetched += len(missing)
-                done = max(done, link.demand(now, tr))
+            done, hits = self._serve(now, fid, first, stop)
             total = stop - first
             result.demand_blocks += total
             result.read_bytes += lengths[i]

@@ -49,9 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import trio
+
 from bench import proc_cpu, tcp_ceiling
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
+from fabric.client import HubClient, HubUnavailable
 
 EXPORT_DIR = Path("/var/tmp/neuralcache-bench/transport-export")
 EXPORT_FILE = "data.bin"
@@ -147,8 +150,6 @@ def cache_export(export: Path) -> None:
 # -- hub side (runs in the hub namespace) ------------------------------------------------------
 
 def hub_main(export: str, host: str, port: int) -> None:
-    import trio
-
     from fabric.export import Export
     from fabric.hub import HubServer
 
@@ -172,13 +173,7 @@ def load_main(host: str, port: int, client: str, duration: float, connections: i
 
 def _fabric_load(host: str, port: int, congestion: str, duration: float,
                  connections: int, depth: int) -> dict[str, Any]:
-    import trio
-
-    from fabric.client import HubClient, HubUnavailable
-
-    delivered: list[tuple[float, int]] = []  # (seconds since start, bytes)
-    demand: list[tuple[float, float]] = []  # (issued at, latency; inf if it failed)
-    model: list[dict[str, Any]] = []
+    result: dict[str, Any] = {}
 
     async def main() -> None:
         client = HubClient(host, port, congestion=congestion, connections=connections,
@@ -186,77 +181,92 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             entry = next(e for e in await client.metadata(timeout=60) if e.path == EXPORT_FILE)
-            blocks = entry.size // 4096
-            start = trio.current_time()
-            end = start + duration
             cpu_start = time.process_time()
-            rng = random.Random(1)
-            next_block = 0
-
-            async def prefetch_once(first: int) -> int:
-                """One read made as the spoke's fetcher prefetches (``start_prefetch``: its
-                bytes come in parts, not joined); its size."""
-                landed = trio.Event()
-                outcome: list[Any] = []
-
-                def on_done(parts: Any) -> None:
-                    outcome.append(parts)
-                    landed.set()
-
-                client.start_prefetch(entry.file_id, entry.version, first, PREFETCH_READ_BLOCKS,
-                                      deadline=trio.current_time() + 3600, on_done=on_done)
-                await landed.wait()
-                if isinstance(outcome[0], BaseException):
-                    raise outcome[0]
-                return sum(map(len, outcome[0]))
-
-            async def prefetcher() -> None:
-                nonlocal next_block
-                while True:
-                    first = next_block
-                    next_block = (next_block + PREFETCH_READ_BLOCKS) % blocks
-                    size = await prefetch_once(first)
-                    delivered.append((trio.current_time() - start, size))
-
-            async def one_demand(block: int) -> None:
-                issued = trio.current_time()
-                try:
-                    data = await client.read(entry.file_id, entry.version, block, 1,
-                                             deadline=issued + DEMAND_DEADLINE)
-                except HubUnavailable:
-                    demand.append((issued - start, math.inf))
-                    return
-                done = trio.current_time()
-                delivered.append((done - start, len(data)))
-                demand.append((issued - start, done - issued))
-
-            async def sampler() -> None:
-                while True:
-                    s = client.stats()
-                    model.append({"t": trio.current_time() - start, "state": s.state,
-                                  "btl_bw": s.btl_bw, "min_rtt": _finite(s.min_rtt),
-                                  "srtt": _finite(s.srtt), "pacing_rate": s.pacing_rate,
-                                  "cwnd": s.cwnd, "inflight": s.bytes_in_flight,
-                                  "lost_packets": s.lost_packets, "loss_rate": s.loss_rate,
-                                  "headroom": client.prefetch_headroom})
-                    await trio.sleep(SAMPLE_PERIOD)
-
-            async with trio.open_nursery() as load:
-                for _ in range(depth):
-                    load.start_soon(prefetcher)
-                load.start_soon(sampler)
-                tick = start
-                while tick < end:
-                    load.start_soon(one_demand, rng.randrange(blocks))
-                    tick += DEMAND_INTERVAL
-                    await trio.sleep_until(tick)
-                load.cancel_scope.cancel()
-            cpu.append(time.process_time() - cpu_start)
+            load = _FabricLoad(client, entry)
+            await load.run(duration, depth)
+            result.update(delivered=load.delivered, demand=load.demand, model=load.model,
+                          cpu_seconds=time.process_time() - cpu_start)
             nursery.cancel_scope.cancel()
 
-    cpu: list[float] = []
     trio.run(main)
-    return {"delivered": delivered, "demand": demand, "model": model, "cpu_seconds": cpu[0]}
+    return result
+
+
+class _FabricLoad:
+    """The load over one ``HubClient``: ``depth`` prefetch readers keep the pipe full, a demand
+    read of a random block goes every ``DEMAND_INTERVAL``, and the controller's model is
+    sampled every ``SAMPLE_PERIOD``; times are seconds since ``run`` started."""
+
+    def __init__(self, client: Any, entry: Any) -> None:
+        self.client = client
+        self.entry = entry
+        self.blocks = entry.size // 4096
+        self.next_block = 0
+        self.start = 0.0
+        self.delivered: list[tuple[float, int]] = []  # (seconds since start, bytes)
+        self.demand: list[tuple[float, float]] = []  # (issued at, latency; inf if it failed)
+        self.model: list[dict[str, Any]] = []
+
+    async def run(self, duration: float, depth: int) -> None:
+        rng = random.Random(1)
+        self.start = tick = trio.current_time()
+        async with trio.open_nursery() as load:
+            for _ in range(depth):
+                load.start_soon(self._prefetcher)
+            load.start_soon(self._sampler)
+            while tick < self.start + duration:
+                load.start_soon(self._one_demand, rng.randrange(self.blocks))
+                tick += DEMAND_INTERVAL
+                await trio.sleep_until(tick)
+            load.cancel_scope.cancel()
+
+    async def _prefetch_once(self, first: int) -> int:
+        """One read made as the spoke's fetcher prefetches (``start_prefetch``: its bytes come
+        in parts, not joined); its size."""
+        landed = trio.Event()
+        outcome: list[Any] = []
+
+        def on_done(parts: Any) -> None:
+            outcome.append(parts)
+            landed.set()
+
+        self.client.start_prefetch(self.entry.file_id, self.entry.version, first,
+                                   PREFETCH_READ_BLOCKS, deadline=trio.current_time() + 3600,
+                                   on_done=on_done)
+        await landed.wait()
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return sum(map(len, outcome[0]))
+
+    async def _prefetcher(self) -> None:
+        while True:
+            first = self.next_block
+            self.next_block = (self.next_block + PREFETCH_READ_BLOCKS) % self.blocks
+            size = await self._prefetch_once(first)
+            self.delivered.append((trio.current_time() - self.start, size))
+
+    async def _one_demand(self, block: int) -> None:
+        issued = trio.current_time()
+        try:
+            data = await self.client.read(self.entry.file_id, self.entry.version, block, 1,
+                                          deadline=issued + DEMAND_DEADLINE)
+        except HubUnavailable:
+            self.demand.append((issued - self.start, math.inf))
+            return
+        done = trio.current_time()
+        self.delivered.append((done - self.start, len(data)))
+        self.demand.append((issued - self.start, done - issued))
+
+    async def _sampler(self) -> None:
+        while True:
+            s = self.client.stats()
+            self.model.append({"t": trio.current_time() - self.start, "state": s.state,
+                               "btl_bw": s.btl_bw, "min_rtt": _finite(s.min_rtt),
+                               "srtt": _finite(s.srtt), "pacing_rate": s.pacing_rate,
+                               "cwnd": s.cwnd, "inflight": s.bytes_in_flight,
+                               "lost_packets": s.lost_packets, "loss_rate": s.loss_rate,
+                               "headroom": self.client.prefetch_headroom})
+            await trio.sleep(SAMPLE_PERIOD)
 
 
 def _finite(x: float) -> float | None:

@@ -339,6 +339,17 @@ def test_a_chunk_carries_at_most_max_read_ranges() -> None:
 MSS = 1448
 
 
+def _segments(sizes: list[int], ends: list[int]) -> list[tuple[list[int], int]]:
+    """The replies' byte stream cut into full segments: for each, the replies it carries
+    bytes of, and its length."""
+    segs = []
+    for start in range(0, ends[-1], MSS):
+        stop = min(start + MSS, ends[-1])
+        segs.append(([k for k, end in enumerate(ends) if end > start and end - sizes[k] < stop],
+                     stop - start))
+    return segs
+
+
 def _simulate(sizes: list[int], lost: set[int], delay: int,
               tracker: ArrivalTracker) -> tuple[dict[int, int], dict[int, int]]:
     """The replies are one byte stream cut into full segments (the sender has them queued
@@ -348,11 +359,7 @@ def _simulate(sizes: list[int], lost: set[int], delay: int,
     after every step) or completed by the application, whichever came first; checks on the
     way that the bytes acked never exceed the bytes that arrived."""
     ends = list(itertools_accumulate(sizes))
-    segs: list[tuple[list[int], int]] = []  # (replies it carries bytes of, length)
-    for start in range(0, ends[-1], MSS):
-        stop = min(start + MSS, ends[-1])
-        segs.append(([k for k, end in enumerate(ends) if end > start and end - sizes[k] < stop],
-                     stop - start))
+    segs = _segments(sizes, ends)
     for k, size in enumerate(sizes):
         tracker.expect(k, size)
     events: dict[int, list[int]] = {}
