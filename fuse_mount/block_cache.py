@@ -273,9 +273,7 @@ class BlockCache:
         ``MAX_READ_BLOCKS``, and a ``put`` each (a gauge update, a wake-up of the writer, a
         stamp) was a sizeable part of landing it."""
         keys = run_keys(file_id, version, first, len(blocks))
-        insert, spared = self.policy.insert, self._spared
-        evicted = [old for key, data in zip(keys, blocks)
-                   for old in insert(key, len(data), spared)]
+        evicted = self.policy.insert_many(list(zip(keys, map(len, blocks))), self._spared)
         if evicted:
             metrics.CACHE_EVICTIONS.inc(len(evicted))
             for old in evicted:

@@ -47,13 +47,20 @@ def block_length(block: int, size: int) -> int:
 
 
 def contiguous_runs(blocks: list[int]) -> list[BlockRange]:
-    """Group sorted, distinct block numbers into maximal contiguous ranges."""
+    """Group sorted, distinct block numbers into maximal contiguous ranges (one range object
+    per range: a fetch or a prefetch asks this of every block it covers)."""
+    if not blocks:
+        return []
+    if blocks[-1] - blocks[0] == len(blocks) - 1:  # sorted and distinct: no gap anywhere
+        return [BlockRange(blocks[0], len(blocks))]
     runs: list[BlockRange] = []
-    for b in blocks:
-        if runs and runs[-1].end == b:
-            runs[-1] = BlockRange(runs[-1].first, runs[-1].count + 1)
-        else:
-            runs.append(BlockRange(b, 1))
+    start = prev = blocks[0]
+    for b in blocks[1:]:
+        if b != prev + 1:
+            runs.append(BlockRange(start, prev - start + 1))
+            start = b
+        prev = b
+    runs.append(BlockRange(start, prev - start + 1))
     return runs
 
 

@@ -58,6 +58,11 @@ class LruMachine(RuleBasedStateMachine):
     def insert(self, key: int, size: int) -> None:
         assert self.policy.insert(key, size) == self.model.insert(key, size)
 
+    @rule(items=st.lists(st.tuples(keys, sizes), max_size=5))
+    def insert_many(self, items: list[tuple[int, int]]) -> None:
+        expected = [old for key, size in items for old in self.model.insert(key, size)]
+        assert self.policy.insert_many(items) == expected
+
     @rule(key=keys)
     def touch(self, key: int) -> None:
         self.policy.touch(key)
