@@ -102,24 +102,21 @@ class MountCacheView(CacheView):
         return self._held(key) or self._in_flight(key)
 
     def present_until(self, file_id: int, first: int, stop: int) -> int:
-        version = self._versions.get(file_id)
-        if version is None:
-            return stop
-        held, in_flight = self._held, self._in_flight
-        for block in range(first, stop):
-            key = (file_id, version, block)
-            if not (held(key) or in_flight(key)):
-                return block
-        return stop
+        return self._stretch_end(file_id, first, stop, True)
 
     def absent_until(self, file_id: int, first: int, stop: int) -> int:
+        return self._stretch_end(file_id, first, stop, False)
+
+    def _stretch_end(self, file_id: int, first: int, stop: int, present: bool) -> int:
+        """The first block of ``[first, stop)`` whose being held or fetched is not ``present``,
+        or ``stop``: ``contains`` over the stretch, its look-ups inlined."""
         version = self._versions.get(file_id)
         if version is None:
-            return first
+            return stop if present else first  # contains() holds for every block
         held, in_flight = self._held, self._in_flight
         for block in range(first, stop):
             key = (file_id, version, block)
-            if held(key) or in_flight(key):
+            if (held(key) or in_flight(key)) != present:
                 return block
         return stop
 
