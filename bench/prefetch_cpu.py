@@ -100,18 +100,16 @@ class ModelCache(CacheView):
         return self.warm or block_key(file_id, block) in self.lru
 
     def present_until(self, file_id: int, first: int, stop: int) -> int:
-        base, lru, warm = block_key(file_id, 0), self.lru, self.warm
-        for block in range(first, stop):  # block by block, as the mount's MountCacheView walks
-            if not (warm or base | block in lru):
-                return block
-        return stop
+        return self._stretch_end(file_id, first, stop, True)
 
     def absent_until(self, file_id: int, first: int, stop: int) -> int:
-        if self.warm:
-            return first  # the mount's walk, too, stops at the first block
-        base, lru = block_key(file_id, 0), self.lru
+        return self._stretch_end(file_id, first, stop, False)
+
+    def _stretch_end(self, file_id: int, first: int, stop: int, present: bool) -> int:
+        """Block by block, as the mount's ``MountCacheView`` walks its keys."""
+        base, lru, warm = block_key(file_id, 0), self.lru, self.warm
         for block in range(first, stop):
-            if base | block in lru:
+            if (warm or base | block in lru) != present:
                 return block
         return stop
 

@@ -55,6 +55,7 @@ from bench import proc_cpu, tcp_ceiling
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 from fabric.client import HubClient, HubUnavailable
+from fabric.protocol import MetaEntry
 
 EXPORT_DIR = Path("/var/tmp/neuralcache-bench/transport-export")
 EXPORT_FILE = "data.bin"
@@ -197,7 +198,7 @@ class _FabricLoad:
     read of a random block goes every ``DEMAND_INTERVAL``, and the controller's model is
     sampled every ``SAMPLE_PERIOD``; times are seconds since ``run`` started."""
 
-    def __init__(self, client: Any, entry: Any) -> None:
+    def __init__(self, client: HubClient, entry: MetaEntry) -> None:
         self.client = client
         self.entry = entry
         self.blocks = entry.size // 4096

@@ -91,9 +91,9 @@ class LruPolicy:
         in C, which is what the inserts one by one would do, rather than a call each."""
         sizes = self._sizes
         total = sum(size for _, size in items)
-        if (self.used + total <= self.capacity
-                and not any(map(sizes.__contains__, (key for key, _ in items)))
-                and len(dict.fromkeys(key for key, _ in items)) == len(items)):
+        keys = dict.fromkeys(key for key, _ in items)
+        if (self.used + total <= self.capacity and len(keys) == len(items)
+                and sizes.keys().isdisjoint(keys)):
             sizes.update(items)
             self.used += total
             return []
