@@ -55,6 +55,7 @@ from bench import proc_cpu, tcp_ceiling
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 from fabric.client import HubClient, HubUnavailable
+from fabric.heap import keep_freed_buffers
 from fabric.protocol import MetaEntry
 
 EXPORT_DIR = Path("/var/tmp/neuralcache-bench/transport-export")
@@ -154,6 +155,8 @@ def hub_main(export: str, host: str, port: int) -> None:
     from fabric.export import Export
     from fabric.hub import HubServer
 
+    keep_freed_buffers()  # as `neuralcache hub` does
+
     async def main() -> None:
         server = HubServer(Export(export))
         async with trio.open_nursery() as nursery:
@@ -175,6 +178,7 @@ def load_main(host: str, port: int, client: str, duration: float, connections: i
 def _fabric_load(host: str, port: int, congestion: str, duration: float,
                  connections: int, depth: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
+    keep_freed_buffers()  # as `neuralcache mount` does
 
     async def main() -> None:
         client = HubClient(host, port, congestion=congestion, connections=connections,

@@ -14,6 +14,7 @@ import trio
 
 from fabric.client import HubUnavailable
 from fabric.export import Export
+from fabric.heap import keep_freed_buffers
 from fabric.metrics import serve_metrics
 
 from . import config, control_commands, sd_notify
@@ -71,6 +72,7 @@ async def _run_hub(export: Export, host: str, port: int, metrics_port: int | Non
 
 def cmd_hub(args: argparse.Namespace) -> int:
     host, port = args.listen
+    keep_freed_buffers()
     export = Export(args.export)
     started = time.monotonic()
     entries = export.scan()  # reads are served by file id, so know the files before listening
@@ -107,6 +109,7 @@ def _mount_foreground(args: argparse.Namespace) -> int:
         tell(f"ok {message}")
 
     failures: list[BaseException] = []
+    keep_freed_buffers()
     try:
         trio.run(run_spoke, _config(args), ready)
     except* _FAILURES as group:
