@@ -47,6 +47,7 @@ class Transfer:
     wire_bps: float  # IP bits/s the forwarder delivered hub->spoke
     seconds: float  # length of the measured window
     forwarder_cores: float  # CPU the forwarder used in the window, in cores
+    steal: float  # share of the machine's CPU time its hypervisor took in the window
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,15 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """(stolen, all) CPU ticks of the machine so far, from /proc/stat: time its hypervisor
+    gave its virtual CPUs to someone else counts as stolen. While that share is large, every
+    process here, the sender's kernel included, runs that much less; a transfer then moves
+    less in a window of wall time, whatever the link."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
+
+
 def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> Transfer:
     """One TCP stream hub -> spoke; figures over ``seconds`` after ``warmup``."""
     listener = link.socket(HUB)
@@ -139,23 +149,26 @@ def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> T
             window_start = start + warmup
             window_end = window_start + seconds
             received = 0
-            mark: tuple[float, int, int, float] | None = None
+            mark: tuple[float, int, int, float, tuple[int, int]] | None = None
             while True:
                 received += receiver.recv_into(buf)
                 now = time.monotonic()
                 if mark is None and now >= window_start:
-                    mark = (now, received, _forwarded_bytes(link), _cpu_seconds(link.forwarder_pid))
+                    mark = (now, received, _forwarded_bytes(link),
+                            _cpu_seconds(link.forwarder_pid), _cpu_ticks())
                 if now >= window_end:
                     break
             assert mark is not None
             elapsed = now - mark[0]
             wire = _forwarded_bytes(link) - mark[2]
             cores = (_cpu_seconds(link.forwarder_pid) - mark[3]) / elapsed
+            stolen, ticks = (end - start for end, start in zip(_cpu_ticks(), mark[4]))
         finally:
             stop.set()
             receiver.close()
             sender.join()
-    return Transfer(cc, (received - mark[1]) * 8 / elapsed, wire * 8 / elapsed, elapsed, cores)
+    return Transfer(cc, (received - mark[1]) * 8 / elapsed, wire * 8 / elapsed, elapsed, cores,
+                    stolen / ticks if ticks else 0.0)
 
 
 def default_windows(spec: LinkSpec) -> tuple[float, float]:
@@ -191,7 +204,8 @@ def format_check(spec: LinkSpec, result: CheckResult) -> str:
         lines.append(
             f"{t.cc}: wire {_mbit(t.wire_bps)} Mbit/s ({wire_pct:.1f} % of rate), "
             f"goodput {_mbit(t.goodput_bps)} Mbit/s ({goodput_pct:.1f} % of rate) "
-            f"over {t.seconds:.1f} s; forwarder {t.forwarder_cores:.2f} cores"
+            f"over {t.seconds:.1f} s; forwarder {t.forwarder_cores:.2f} cores; "
+            f"{100 * t.steal:.0f} % of the CPUs stolen by the hypervisor"
         )
     return "\n".join(line for line in lines if line)
 

@@ -128,10 +128,21 @@ def test_two_links_at_once_are_separate() -> None:
     assert slow_rtt == pytest.approx(0.080, rel=TOLERANCE)
 
 
+STEAL_MAX = 0.10
+"""A transfer's window in which the hypervisor took more than this share of the CPUs is
+measured again (up to ``RATE_ATTEMPTS`` windows in all): in such a window the machine, not the
+link, sets the rate (``python -m bench.wan_check --rtt 60ms --rate 100mbit --cc bbr``, 14 runs:
+97.7-100 Mbit/s with 1-6 % of the CPUs stolen, 94.4-99.0 with 15-23 %, 75.8 with 43 %)."""
+RATE_ATTEMPTS = 3
+
+
 def test_tcp_rate_within_ten_percent() -> None:
     rate = 100e6
     with WanLink(LinkSpec(rtt=0.060, rate_bps=rate)) as link:
-        transfer = measure_transfer(link, "bbr", warmup=1.5, seconds=3.0)
+        for _ in range(RATE_ATTEMPTS):
+            transfer = measure_transfer(link, "bbr", warmup=1.5, seconds=3.0)
+            if transfer.steal <= STEAL_MAX:
+                break
     assert transfer.wire_bps == pytest.approx(rate, rel=TOLERANCE)
     assert transfer.goodput_bps == pytest.approx(rate, rel=TOLERANCE)
 
