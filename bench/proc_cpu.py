@@ -13,6 +13,10 @@ import os
 
 DAEMON, HUB, FORWARDER, RCLONE, LOADER = ("spoke daemon", "hub", "WAN forwarder", "rclone",
                                           "loader")
+STOLEN = "stolen by the hypervisor"
+"""Not a process: the CPU time this virtual machine's host gave its CPUs to others ("steal" in
+``/proc/stat``, summed over the CPUs). While that is large, every role here runs less, and
+a run's time says more about the host than about the code (docs/wan-emulator.md)."""
 DAEMON_LOOP = "spoke daemon's event loop"
 """The daemon's main thread, where trio runs every FUSE handler, the prefetcher and the hub
 client: the one thread that cannot spread over two cores. Part of DAEMON; the rest is its
@@ -56,6 +60,13 @@ def _main_thread_seconds(pid: str) -> float:
     return 0.0 if fields is None else _own_seconds(fields)
 
 
+def stolen_ticks() -> tuple[int, int]:
+    """(stolen, all) CPU ticks of the machine so far, over all its CPUs, from ``/proc/stat``."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]  # user .. steal
+    return fields[7], sum(fields)
+
+
 def _argv(pid: str) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -75,14 +86,15 @@ def role_of(argv: list[str]) -> str | None:
 
 
 def snapshot(loader_pid: int | None = None) -> dict[str, float]:
-    """CPU seconds (user + system, every thread) used so far per role by live processes.
+    """CPU seconds (user + system, every thread) used so far per role by live processes, and
+    the machine's CPU seconds ``STOLEN`` so far.
 
     The loader is ``loader_pid`` (this process by default) with its children, the DataLoader's
     workers: the children it has reaped are in its own ``cutime``/``cstime``, live ones are
     read one by one, so workers that exit between two snapshots still count.
     """
     loader_pid = os.getpid() if loader_pid is None else loader_pid
-    out: dict[str, float] = {}
+    out: dict[str, float] = {STOLEN: stolen_ticks()[0] / _TICK}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue

@@ -160,9 +160,10 @@ def loop_load(record: RunRecord) -> tuple[float, float] | None:
 
 def cpu_floor(record: RunRecord, cores: int) -> float | None:
     """The shortest loop the CPU this run used allows, in seconds: every role's CPU (loader,
-    daemon, hub, WAN forwarder, rclone) spread evenly over the machine's ``cores``, or the spoke
-    daemon's event loop alone (one thread: one core at most), whichever is longer. A run whose
-    time is near it was bound by CPU, not by the link or the cache; None without CPU figures."""
+    daemon, hub, WAN forwarder, rclone, and what the hypervisor stole from the machine) spread
+    evenly over the machine's ``cores``, or the spoke daemon's event loop alone (one thread:
+    one core at most), whichever is longer. A run whose time is near it was bound by CPU, not
+    by the link or the cache; None without CPU figures."""
     cpu = record.cpu_seconds
     if not cpu:
         return None

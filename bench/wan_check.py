@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.proc_cpu import stolen_ticks
 from bench.wan import HUB, SPOKE, LinkSpec, WanLink, parse_rate, parse_rtt
 
 PING_PAYLOAD = 32  # bytes per UDP ping; small, so serialization adds ~nothing to the RTT
@@ -47,7 +48,8 @@ class Transfer:
     wire_bps: float  # IP bits/s the forwarder delivered hub->spoke
     seconds: float  # length of the measured window
     forwarder_cores: float  # CPU the forwarder used in the window, in cores
-    steal: float  # share of the machine's CPU time its hypervisor took in the window
+    steal: float  # share of the machine's CPU time its hypervisor took in the window: while
+    # large, every process here runs less, the sender's kernel too, whatever the link does
 
 
 @dataclass(frozen=True)
@@ -109,15 +111,6 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def _cpu_ticks() -> tuple[int, int]:
-    """(stolen, all) CPU ticks of the machine so far, from /proc/stat: time its hypervisor
-    gave its virtual CPUs to someone else counts as stolen. While that share is large, every
-    process here, the sender's kernel included, runs that much less; a transfer then moves
-    less in a window of wall time, whatever the link."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return fields[7], sum(fields)
-
-
 def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> Transfer:
     """One TCP stream hub -> spoke; figures over ``seconds`` after ``warmup``."""
     listener = link.socket(HUB)
@@ -155,14 +148,14 @@ def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> T
                 now = time.monotonic()
                 if mark is None and now >= window_start:
                     mark = (now, received, _forwarded_bytes(link),
-                            _cpu_seconds(link.forwarder_pid), _cpu_ticks())
+                            _cpu_seconds(link.forwarder_pid), stolen_ticks())
                 if now >= window_end:
                     break
             assert mark is not None
             elapsed = now - mark[0]
             wire = _forwarded_bytes(link) - mark[2]
             cores = (_cpu_seconds(link.forwarder_pid) - mark[3]) / elapsed
-            stolen, ticks = (end - start for end, start in zip(_cpu_ticks(), mark[4]))
+            stolen, ticks = (end - start for end, start in zip(stolen_ticks(), mark[4]))
         finally:
             stop.set()
             receiver.close()

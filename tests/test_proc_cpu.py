@@ -76,3 +76,12 @@ def test_the_daemons_event_loop_is_its_main_thread() -> None:
     finally:
         daemon.kill()
         daemon.wait()
+
+
+def test_the_machines_stolen_time_is_counted_and_never_runs_backwards() -> None:
+    stolen, ticks = proc_cpu.stolen_ticks()
+    assert 0 <= stolen <= ticks
+    before = proc_cpu.snapshot()
+    time.sleep(0.05)
+    assert proc_cpu.used(before, proc_cpu.snapshot())[proc_cpu.STOLEN] >= 0.0
+    assert proc_cpu.stolen_ticks()[1] > ticks  # the clock moved on
