@@ -433,13 +433,15 @@ def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[
         line = _read_line(hub, READY_TIMEOUT)
         if not line.startswith("ready"):
             raise RuntimeError(f"hub did not start: {line!r}")
-        hub_cpu = proc_cpu.cpu_seconds(hub.pid)
+        hub_cpu, (stolen, ticks) = proc_cpu.cpu_seconds(hub.pid), proc_cpu.stolen_ticks()
         out = subprocess.run(load_cmd, capture_output=True, text=True,
                              timeout=duration + RUN_SLACK)
         if out.returncode != 0:
             raise RuntimeError(f"load process failed:\n{out.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
         result["hub_cpu_seconds"] = proc_cpu.cpu_seconds(hub.pid) - hub_cpu
+        stolen_after, ticks_after = proc_cpu.stolen_ticks()
+        result["stolen"] = (stolen_after - stolen) / max(ticks_after - ticks, 1)
         return result
     finally:
         hub.terminate()
@@ -542,12 +544,14 @@ def _loopback_row(client: str, server: list[str], load: list[str], name: str, du
 
 def _cpu_line(result: dict[str, Any]) -> str:
     """What each side spent per GB it moved (the load's CPU over its run, the hub's over the
-    load's): on loopback the two processes share the machine's cores, and CPU is the limit."""
+    load's): on loopback the two processes share the machine's cores, and CPU is the limit;
+    and the share of the CPUs the hypervisor took meanwhile (``proc_cpu.STOLEN``)."""
     gb = sum(n for _, n in result["delivered"]) / 1e9
     if gb == 0:
         return "  CPU per GB moved: - (nothing moved)"
     return (f"  CPU per GB moved: hub {result['hub_cpu_seconds'] / gb:.2f} s, "
-            f"spoke {result['cpu_seconds'] / gb:.2f} s")
+            f"spoke {result['cpu_seconds'] / gb:.2f} s; "
+            f"{100 * result['stolen']:.0f} % of the CPUs stolen by the hypervisor")
 
 
 def _free_port() -> int:
