@@ -27,8 +27,8 @@ MMAP_THRESHOLD = 32 << 20
 and glibc's largest allowed value on 64-bit systems."""
 
 TRIM_THRESHOLD = 64 << 20
-"""Free memory the heap keeps at its top before giving it back: a hub's or a spoke's replies
-in flight (a few dozen MiB at most), so the heap stops growing at their peak and no more."""
+"""Free memory the heap keeps at its top before giving any back: more than a hub's or a spoke's
+replies in flight take at their peak (a few dozen MiB), so the heap settles at that peak."""
 
 
 def keep_freed_buffers() -> bool:
