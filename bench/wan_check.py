@@ -15,16 +15,14 @@ BBR startup), which at 900 ms lasts several seconds.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import statistics
 import struct
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from bench.proc_cpu import stolen_ticks
+from bench.proc_cpu import cpu_seconds, stolen_ticks
 from bench.wan import HUB, SPOKE, LinkSpec, WanLink, parse_rate, parse_rtt
 
 PING_PAYLOAD = 32  # bytes per UDP ping; small, so serialization adds ~nothing to the RTT
@@ -105,17 +103,14 @@ def _forwarded_bytes(link: WanLink) -> int:
     return link.stats()["hub_to_spoke"]["forwarded_bytes"]
 
 
-def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds used so far by ``pid`` (from /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
 def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> Transfer:
     """One TCP stream hub -> spoke; figures over ``seconds`` after ``warmup``."""
     listener = link.socket(HUB)
     receiver = link.socket(SPOKE)
     stop = threading.Event()
+    forwarder = link.forwarder_pid
+    if forwarder is None:
+        raise RuntimeError("measure_transfer needs a link that is up")
 
     def send(conn: socket.socket) -> None:
         chunk = memoryview(bytes(BULK_CHUNK))
@@ -148,13 +143,13 @@ def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> T
                 now = time.monotonic()
                 if mark is None and now >= window_start:
                     mark = (now, received, _forwarded_bytes(link),
-                            _cpu_seconds(link.forwarder_pid), stolen_ticks())
+                            cpu_seconds(forwarder), stolen_ticks())
                 if now >= window_end:
                     break
             assert mark is not None
             elapsed = now - mark[0]
             wire = _forwarded_bytes(link) - mark[2]
-            cores = (_cpu_seconds(link.forwarder_pid) - mark[3]) / elapsed
+            cores = (cpu_seconds(forwarder) - mark[3]) / elapsed
             stolen, ticks = (end - start for end, start in zip(stolen_ticks(), mark[4]))
         finally:
             stop.set()
