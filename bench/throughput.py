@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench import mount_procs
+from bench import mount_procs, proc_cpu
 from bench.read_pass import MB, RANDOM, READ_SIZE, SEQUENTIAL, Pass, PassFailed
 from bench.read_pass import run as run_pass
 from fuse_mount.cli import parse_size
@@ -131,9 +131,12 @@ class Results:
     failures: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     stats: dict[tuple[str, str], str] = field(default_factory=dict)
 
-    def add(self, target: str, pattern: str, result: Pass) -> None:
+    def add(self, target: str, pattern: str, result: Pass, stolen: float) -> None:
+        """``stolen``: the share of the machine's CPUs its hypervisor took during the pass
+        (``bench.proc_cpu.STOLEN``), printed beside the pass: it slows every target alike."""
         self.passes.setdefault((target, pattern), []).append(result)
-        print(f"  {target}, {pattern}: {result.mb_per_s:.1f} MB/s", flush=True)
+        print(f"  {target}, {pattern}: {result.mb_per_s:.1f} MB/s "
+              f"({100 * stolen:.0f} % of the CPUs stolen)", flush=True)
 
     def fail(self, target: str, pattern: str, error: str) -> None:
         self.failures.setdefault((target, pattern), []).append(error)
@@ -168,8 +171,12 @@ class Bench:
 
     def _pass(self, target: str, pattern: str, path: str) -> None:
         offsets = self.offsets_file if pattern == RANDOM else None
+        stolen, ticks = proc_cpu.stolen_ticks()
         try:
-            self.results.add(target, pattern, run_pass(pattern, path, offsets, self.pass_timeout))
+            result = run_pass(pattern, path, offsets, self.pass_timeout)
+            stolen_after, ticks_after = proc_cpu.stolen_ticks()
+            self.results.add(target, pattern, result,
+                             (stolen_after - stolen) / max(ticks_after - ticks, 1))
         except PassFailed as exc:
             self.results.fail(target, pattern, str(exc))
 
