@@ -67,6 +67,12 @@ def stolen_ticks() -> tuple[int, int]:
     return fields[7], sum(fields)
 
 
+def stolen_share_since(mark: tuple[int, int]) -> float:
+    """The share of the machine's CPU time stolen since ``mark``, a ``stolen_ticks()``."""
+    stolen, ticks = (now - then for now, then in zip(stolen_ticks(), mark))
+    return stolen / ticks if ticks > 0 else 0.0
+
+
 def _argv(pid: str) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -171,12 +171,10 @@ class Bench:
 
     def _pass(self, target: str, pattern: str, path: str) -> None:
         offsets = self.offsets_file if pattern == RANDOM else None
-        stolen, ticks = proc_cpu.stolen_ticks()
+        mark = proc_cpu.stolen_ticks()
         try:
             result = run_pass(pattern, path, offsets, self.pass_timeout)
-            stolen_after, ticks_after = proc_cpu.stolen_ticks()
-            self.results.add(target, pattern, result,
-                             (stolen_after - stolen) / max(ticks_after - ticks, 1))
+            self.results.add(target, pattern, result, proc_cpu.stolen_share_since(mark))
         except PassFailed as exc:
             self.results.fail(target, pattern, str(exc))
 

@@ -433,15 +433,14 @@ def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[
         line = _read_line(hub, READY_TIMEOUT)
         if not line.startswith("ready"):
             raise RuntimeError(f"hub did not start: {line!r}")
-        hub_cpu, (stolen, ticks) = proc_cpu.cpu_seconds(hub.pid), proc_cpu.stolen_ticks()
+        hub_cpu, stolen_mark = proc_cpu.cpu_seconds(hub.pid), proc_cpu.stolen_ticks()
         out = subprocess.run(load_cmd, capture_output=True, text=True,
                              timeout=duration + RUN_SLACK)
         if out.returncode != 0:
             raise RuntimeError(f"load process failed:\n{out.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
         result["hub_cpu_seconds"] = proc_cpu.cpu_seconds(hub.pid) - hub_cpu
-        stolen_after, ticks_after = proc_cpu.stolen_ticks()
-        result["stolen"] = (stolen_after - stolen) / max(ticks_after - ticks, 1)
+        result["stolen"] = proc_cpu.stolen_share_since(stolen_mark)
         return result
     finally:
         hub.terminate()

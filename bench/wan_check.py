@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from bench.proc_cpu import cpu_seconds, stolen_ticks
+from bench.proc_cpu import cpu_seconds, stolen_share_since, stolen_ticks
 from bench.wan import HUB, SPOKE, LinkSpec, WanLink, parse_rate, parse_rtt
 
 PING_PAYLOAD = 32  # bytes per UDP ping; small, so serialization adds ~nothing to the RTT
@@ -150,13 +150,13 @@ def measure_transfer(link: WanLink, cc: str, warmup: float, seconds: float) -> T
             elapsed = now - mark[0]
             wire = _forwarded_bytes(link) - mark[2]
             cores = (cpu_seconds(forwarder) - mark[3]) / elapsed
-            stolen, ticks = (end - start for end, start in zip(stolen_ticks(), mark[4]))
+            steal = stolen_share_since(mark[4])
         finally:
             stop.set()
             receiver.close()
             sender.join()
     return Transfer(cc, (received - mark[1]) * 8 / elapsed, wire * 8 / elapsed, elapsed, cores,
-                    stolen / ticks if ticks else 0.0)
+                    steal)
 
 
 def default_windows(spec: LinkSpec) -> tuple[float, float]:
