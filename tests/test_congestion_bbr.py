@@ -7,9 +7,9 @@ the long path is 100 Mbit/s at 900 ms (BDP 11 MB). "Loss" is per request (see li
 import pytest
 
 from fabric.congestion import BBR, BBRState, Cubic
-from fabric.congestion.bbr import (HELD_ALLOWANCE_MAX, HIGH_GAIN, PACING_GAIN_CYCLE,
-                                   PACING_MARGIN, PROBE_RTT_CWND_GAIN, SUSTAINED_LOSS_SECONDS,
-                                   SUSTAINED_LOSS_SPAN)
+from fabric.congestion.bbr import (CLEAN_CWND_GAIN, CWND_GAIN, HELD_ALLOWANCE_MAX, HIGH_GAIN,
+                                   PACING_GAIN_CYCLE, PACING_MARGIN, PROBE_RTT_CWND_GAIN,
+                                   SUSTAINED_LOSS_SECONDS, SUSTAINED_LOSS_SPAN)
 from bench.linksim import AppLimit, FlowSpec, LinkConfig, simulate
 
 MSS = 64 * 1024
@@ -129,17 +129,21 @@ def _report_loss(cc, seconds, *, until=0.0):
 
 @pytest.mark.parametrize("rtt, requests", [(RTT, 2500), (0.9, 6000)])
 def test_the_window_has_room_for_held_replies_while_the_transport_reports_loss(rtt, requests):
-    """Replies held behind TCP's holes count in flight: while loss goes on the window grows by
-    a BDP, at most HELD_ALLOWANCE_MAX of BtlBw (on the 900 ms path, a ninth of one); a clean
-    path, or one whose reports are older than SUSTAINED_LOSS_SPAN, gets none."""
+    """Replies held behind TCP's holes count in flight: while loss goes on the window is the
+    kernel's CWND_GAIN BDPs and one BDP more, at most HELD_ALLOWANCE_MAX of BtlBw (on the
+    900 ms path, a ninth of one); a clean path, or one whose reports are older than
+    SUSTAINED_LOSS_SPAN, gets CLEAN_CWND_GAIN BDPs."""
     clean, lossy, healed = (BBR(seed=3, mss=MSS) for _ in range(3))
     _report_loss(healed, SUSTAINED_LOSS_SECONDS, until=-SUSTAINED_LOSS_SPAN)
     for cc in (clean, lossy, healed):
         _steady_pipe(cc, requests, rtt=rtt, path_loss=cc is lossy)
         assert cc.state is BBRState.PROBE_BW
     assert lossy.btl_bw == pytest.approx(clean.btl_bw)
+    assert lossy.min_rtt == pytest.approx(clean.min_rtt)
     room = lossy.cwnd - clean.cwnd
-    assert room == pytest.approx(clean.btl_bw * min(rtt, HELD_ALLOWANCE_MAX), rel=0.02)
+    expected = clean.btl_bw * ((CWND_GAIN - CLEAN_CWND_GAIN) * clean.min_rtt
+                               + min(rtt, HELD_ALLOWANCE_MAX))
+    assert room == pytest.approx(expected, rel=0.02)
     assert healed.cwnd == clean.cwnd
 
 
