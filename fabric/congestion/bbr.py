@@ -419,7 +419,7 @@ class BBR(SampledController):
         # while inflight < cwnd, and one larger than the spare window must still pipeline.
         largest = max(self.mss, self._request_size.get() or 0)
         gain, held = self.cwnd_gain, 0
-        if self.state is BBRState.PROBE_BW:
+        if self.state is BBRState.PROBE_BW:  # the path's loss may change within a phase
             if self._sustained_loss:
                 held = int(self.btl_bw * min(self.min_rtt, HELD_ALLOWANCE_MAX))
             else:
