@@ -51,7 +51,7 @@ from .protocol import (MAX_READ_BLOCKS, PROTOCOL_VERSION, ErrorReply, Hello, Mes
                        ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role, Welcome,
                        encode)
 from .transport import tcp
-from .transport.arrivals import ArrivalTracker, TcpCounters
+from .transport.arrivals import ArrivalCount, ArrivalTracker, TcpCounters
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 from .transport.reply_pacing import ReplyPacing
@@ -277,15 +277,14 @@ class _Connection:
         self.retransmitted = 0  # the hub's last count of bytes its TCP resent on this stream
         # Bulk connections: which replies reached the kernel, holes or not (transport.arrivals).
         self.arrivals = ArrivalTracker() if role == BULK else None
-        self.segs_in = 0  # data segments the kernel had received at the last look
+        self.arrival_count = ArrivalCount()  # what reached the kernel, for the arrival cap
         self.settled = True  # looked at since its last reply: nothing more can arrive
         self.pacing_limit: int | None = None  # the cap last sent to the hub (bulk connections)
 
     def count_arrivals(self, counters: TcpCounters) -> int:
-        """Bytes that reached the kernel on this stream since the last look, in any order: its
-        new data segments at the full segment size (a slight over-count, never under)."""
-        new, self.segs_in = counters.data_segs_in - self.segs_in, counters.data_segs_in
-        return new * counters.rcv_mss
+        """Bytes that reached the kernel on this stream since the last look, in any order
+        (``ArrivalCount``: a slight over-count, never under)."""
+        return self.arrival_count.update(counters)
 
     @property
     def has_room(self) -> bool:

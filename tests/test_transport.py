@@ -37,7 +37,7 @@ from fabric.export import Export, WouldBlock
 from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello,
                              Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
                              decode_payload, encode)
-from fabric.transport.arrivals import ArrivalTracker, TcpCounters
+from fabric.transport.arrivals import ArrivalCount, ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
 from fabric.transport.resend_rate import (BUCKET_S, LOSSY_RESENT_RATIO, RESEND_WINDOW_S,
                                           ResendRate)
@@ -424,6 +424,34 @@ def test_without_loss_replies_are_reported_as_they_arrive() -> None:
     sizes = [100 << 10] * 5
     truth, reported = _simulate(sizes, set(), 0, ArrivalTracker())
     assert reported == truth
+
+
+def test_the_arrival_count_is_the_segment_count_where_every_segment_is_counted() -> None:
+    count = ArrivalCount()
+    # A reply of 10 segments, 3 of them behind a hole: all count as they arrive ...
+    assert count.update(TcpCounters(7 * MSS - 100, 10, 3, MSS)) == 10 * MSS
+    # ... and the in-order bytes the repair releases are not counted twice.
+    assert count.update(TcpCounters(10 * MSS - 100, 11, 3, MSS)) == MSS
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.floats(0, 1)), max_size=30))
+def test_where_every_segment_is_counted_the_count_is_segments_times_their_size(
+        looks: list[tuple[int, float]]) -> None:
+    count, segments, in_order, total = ArrivalCount(), 0, 0, 0
+    for new_segments, share in looks:
+        segments += new_segments
+        # In-order bytes grow, but never past what the segments could carry.
+        in_order = max(in_order, int(segments * MSS * share))
+        total += count.update(TcpCounters(in_order, segments, 0, MSS))
+        assert total == segments * MSS
+
+
+def test_the_arrival_count_keeps_up_with_a_receiver_that_coalesces_bursts() -> None:
+    # A coalescing receiver (a virtio-net guest's receive offload, the WAN emulator's TUN
+    # devices) counts a burst of 44 segments as one.
+    count, burst = ArrivalCount(), 44 * MSS
+    assert [count.update(TcpCounters(burst * n, n, 0, MSS)) for n in range(1, 4)] == [burst] * 3
+    assert count.update(TcpCounters(burst * 3, 3, 0, MSS)) == 0  # nothing new
 
 
 # -- framing and checksums ------------------------------------------------------------------

@@ -56,6 +56,36 @@ class TcpCounters:
     rcv_mss: int  # the sender's segment size, as the receiver estimates it
 
 
+class ArrivalCount:
+    """Bytes that reached the kernel on one connection, in any order, as the controller's
+    arrival cap counts them (``BBR._update_bw``): each new data segment at the full segment
+    size, a slight over-count.
+
+    Unless the receiver coalesces: one that takes bursts whole (a virtio-net guest offered the
+    host's receive offload; the WAN emulator's TUN devices, ``bench.wan_gso``) counts a burst
+    of tens of segments as one, and counted by segments its bytes came to a fraction of what
+    arrived (the cap then held BBR's estimate at a tenth of the link). So the count never falls
+    behind the in-order bytes, which are exact whatever the receiver: what they show beyond the
+    segment count is counted too. On a receiver that counts every segment the segments are
+    always ahead (each carries at most a full segment, and bytes released from the
+    out-of-order queue were counted when their segments came), and this is the segment count
+    alone."""
+
+    def __init__(self) -> None:
+        self._segments = 0  # data segments at the last look
+        self._counted = 0  # bytes counted so far
+
+    def update(self, c: TcpCounters) -> int:
+        """Bytes that arrived since the last look."""
+        new = (c.data_segs_in - self._segments) * c.rcv_mss
+        self._segments = c.data_segs_in
+        self._counted += new
+        if c.bytes_received > self._counted:
+            new += c.bytes_received - self._counted
+            self._counted = c.bytes_received
+        return new
+
+
 class ArrivalTracker:
     """Replies outstanding on one connection, and which of them have arrived at the kernel."""
 
