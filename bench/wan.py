@@ -89,6 +89,9 @@ DEFAULT_MTU = 1500
 _TUNSETIFF = 0x400454CA  # _IOW('T', 202, int) from <linux/if_tun.h>
 _IFF_TUN = 0x0001  # layer-3 device: reads/writes are bare IP packets
 _IFF_NO_PI = 0x1000  # no 4-byte packet-info header in front of each packet
+_IFF_VNET_HDR = 0x4000  # a virtio_net_hdr in front of each packet instead (bench.wan_gso)
+_TUNSETOFFLOAD = 0x400454D0  # _IOW('T', 208, unsigned int)
+_TUN_OFFLOADS = 0x01 | 0x02  # TUN_F_CSUM | TUN_F_TSO4: TCP bursts cross as one frame each
 _CLONE_NEWNET = 0x40000000  # setns(2) nstype for network namespaces
 _SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)  # <asm-generic/socket.h>; Python
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # does not export these two
@@ -195,8 +198,9 @@ def _create_tun() -> tuple[int, str]:
     """Open a new TUN device in the current namespace; return (fd, kernel-chosen name)."""
     fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
     try:
-        request = struct.pack("16sH22x", TUN_NAME_TEMPLATE, _IFF_TUN | _IFF_NO_PI)
+        request = struct.pack("16sH22x", TUN_NAME_TEMPLATE, _IFF_TUN | _IFF_NO_PI | _IFF_VNET_HDR)
         reply = ioctl(fd, _TUNSETIFF, request)
+        ioctl(fd, _TUNSETOFFLOAD, _TUN_OFFLOADS)
     except OSError:
         os.close(fd)
         raise

@@ -17,6 +17,8 @@ rate, the bytes still waiting to be serialized at time ``now`` are exactly
 ``(busy_until - now) * rate / 8``. Every accepted packet gets its arrival time
 at the far end fixed on enqueue, and since both serialization end times and the
 delay are monotonic, a single deque ordered by arrival time is the whole state.
+A frame that carries a burst of segments (``bench.wan_gso``) is offered segment
+by segment (``admit``) and leaves with its last admitted one.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class DirectionCounters:
 
     ``forwarded`` counts packets handed out by :meth:`LinkDirection.due`
     (i.e. delivered to the far end), so packets still in flight are in none of
-    the three groups until they arrive.
+    the three groups until they arrive. A packet is a segment on the wire, with
+    its headers: a frame carrying a burst counts as the segments it carries.
     """
 
     forwarded_packets: int = 0
@@ -97,7 +100,8 @@ class LinkDirection:
         self.loss = loss
         self._rng = rng if rng is not None else random.Random()
         self._busy_until = float("-inf")  # when the serializer finishes its backlog
-        self._in_flight: deque[tuple[float, bytes]] = deque()  # (arrival time, packet)
+        # (arrival time, frame, segments, bytes on the wire), in arrival order
+        self._in_flight: deque[tuple[float, bytes, int, int]] = deque()
         self.counters = DirectionCounters()
 
     def backlog_bytes(self, now: float) -> float:
@@ -106,31 +110,53 @@ class LinkDirection:
 
     def enqueue(self, now: float, packet: bytes) -> bool:
         """Offer ``packet`` at time ``now``; False if it was lost or tail-dropped."""
-        size = len(packet)
-        if self.loss and self._rng.random() < self.loss:
-            self.counters.lost_packets += 1
-            self.counters.lost_bytes += size
+        arrival = self.admit(now, [len(packet)])[0]
+        if arrival is None:
             return False
-        if self.backlog_bytes(now) + size > self.queue_bytes + QUEUE_SLACK_BYTES:
-            self.counters.queue_dropped_packets += 1
-            self.counters.queue_dropped_bytes += size
-            return False
-        start = max(now, self._busy_until)
-        wait_ms = (start - now) * 1000
-        self.counters.queue_wait_ms[bisect.bisect_left(QUEUE_WAIT_BOUNDS_MS, wait_ms)] += 1
-        self._busy_until = start + size * BITS_PER_BYTE / self.rate_bps
-        self._in_flight.append((self._busy_until + self.delay, packet))
+        self.schedule(arrival, packet, 1, len(packet))
         return True
 
+    def admit(self, now: float, sizes: list[int]) -> list[float | None]:
+        """Offer segments of ``sizes`` bytes, back to back, at ``now``: for each, the time it
+        reaches the far end, or None if it was lost or tail-dropped. A burst the sender's
+        kernel handed over in one piece (``bench.wan_gso``) still meets loss, the queue bound
+        and the serialiser segment by segment. The caller ``schedule``s what was admitted."""
+        counters, rate, bound = self.counters, self.rate_bps, self.queue_bytes + QUEUE_SLACK_BYTES
+        waits = counters.queue_wait_ms
+        out: list[float | None] = []
+        for size in sizes:
+            if self.loss and self._rng.random() < self.loss:
+                counters.lost_packets += 1
+                counters.lost_bytes += size
+                out.append(None)
+                continue
+            if self.backlog_bytes(now) + size > bound:
+                counters.queue_dropped_packets += 1
+                counters.queue_dropped_bytes += size
+                out.append(None)
+                continue
+            start = max(now, self._busy_until)
+            waits[bisect.bisect_left(QUEUE_WAIT_BOUNDS_MS, (start - now) * 1000)] += 1
+            self._busy_until = start + size * BITS_PER_BYTE / rate
+            out.append(self._busy_until + self.delay)
+        return out
+
+    def schedule(self, arrival: float, frame: bytes, segments: int, wire_bytes: int) -> None:
+        """Hand ``frame`` (``segments`` admitted segments, ``wire_bytes`` on the wire) out at
+        ``arrival``, the time ``admit`` gave its last segment. Frames must be scheduled in the
+        order their segments were admitted."""
+        self._in_flight.append((arrival, frame, segments, wire_bytes))
+
     def due(self, now: float) -> list[bytes]:
-        """Remove and return, in order, every packet that has arrived by ``now``."""
+        """Remove and return, in order, every frame that has arrived by ``now``."""
         out: list[bytes] = []
         flight = self._in_flight
+        counters = self.counters
         while flight and flight[0][0] <= now:
-            out.append(flight.popleft()[1])
-        if out:
-            self.counters.forwarded_packets += len(out)
-            self.counters.forwarded_bytes += sum(map(len, out))
+            _, frame, segments, wire_bytes = flight.popleft()
+            out.append(frame)
+            counters.forwarded_packets += segments
+            counters.forwarded_bytes += wire_bytes
         return out
 
     def next_wakeup(self) -> float | None:
@@ -139,5 +165,5 @@ class LinkDirection:
 
     @property
     def in_flight_packets(self) -> int:
-        """Packets accepted (queued or on the wire) and not yet delivered."""
-        return len(self._in_flight)
+        """Segments accepted (queued or on the wire) and not yet delivered."""
+        return sum(entry[2] for entry in self._in_flight)

@@ -205,3 +205,23 @@ def test_link_spec_default_queue_is_one_bdp_with_a_floor() -> None:
 def test_link_spec_rejects_nonsense(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         LinkSpec(**(dict(rtt=0.06, rate_bps=1e8) | kwargs))
+
+
+def test_a_burst_meets_the_queue_bound_segment_by_segment() -> None:
+    link = LinkDirection(rate_bps=RATE, delay=DELAY, queue_bytes=3000)
+    arrivals = link.admit(0.0, [1000] * 5)
+    assert arrivals[:3] == pytest.approx([DELAY + 0.001 * (i + 1) for i in range(3)])
+    assert arrivals[3:] == [None, None]  # the tail that did not fit, not the whole burst
+    assert link.counters.queue_dropped_packets == 2
+    link.schedule(arrivals[2], b"three segments", 3, 3000)
+    assert link.in_flight_packets == 3
+    assert link.due(arrivals[2]) == [b"three segments"]
+    assert (link.counters.forwarded_packets, link.counters.forwarded_bytes) == (3, 3000)
+
+
+def test_a_burst_loses_segments_as_often_as_single_packets() -> None:
+    link = LinkDirection(rate_bps=1e12, delay=0.0, queue_bytes=10**9, loss=0.01,
+                         rng=random.Random(5))
+    arrivals = [a for t in range(2000) for a in link.admit(float(t), [1500] * 44)]
+    assert arrivals.count(None) == link.counters.lost_packets
+    assert link.counters.lost_packets / len(arrivals) == pytest.approx(0.01, rel=0.1)
