@@ -27,7 +27,7 @@ import select
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bench.wan_gso import (VNET_HDR, FrameError, Holes, header_length, pieces, segment_sizes,
                            tcp_flow)
@@ -58,7 +58,7 @@ class _Path:
     in_fd: int
     out_fd: int
     shaper: LinkDirection
-    holes: Holes = field(default_factory=Holes)
+    holes: Holes | None  # None where the devices hand over no bursts: nothing to cut
     write_errors: int = 0
 
 
@@ -92,7 +92,7 @@ def _read_batch(path: _Path) -> None:
         _offer(path.shaper, path.holes, now, frame)
 
 
-def _offer(shaper: LinkDirection, holes: Holes, now: float, frame: bytes) -> None:
+def _offer(shaper: LinkDirection, holes: Holes | None, now: float, frame: bytes) -> None:
     """Put ``frame``'s segments through the link. What it admits goes out whole, unless its
     flow has a hole: then each admitted segment goes out on its own (``Holes``)."""
     try:
@@ -100,11 +100,12 @@ def _offer(shaper: LinkDirection, holes: Holes, now: float, frame: bytes) -> Non
     except FrameError:  # not ours to cut: one packet of its size, as it came
         sizes = [len(frame) - VNET_HDR.size]
     arrivals = shaper.admit(now, sizes)
-    flow = tcp_flow(frame) if holes or None in arrivals else None
     split = False
-    if flow is not None:
-        split = holes.update(flow[0], flow[1], sizes, header_length(frame),
-                             [a is not None for a in arrivals])
+    if holes is not None and (holes or None in arrivals):
+        flow = tcp_flow(frame)
+        if flow is not None:
+            split = holes.update(flow[0], flow[1], sizes, header_length(frame),
+                                 [a is not None for a in arrivals])
     if not split and None not in arrivals:
         shaper.schedule(arrivals[-1], frame, len(sizes), sum(sizes))
         return
@@ -163,6 +164,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loss", type=float, default=0.0)
     parser.add_argument("--queue-bytes", type=int, required=True)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--bursts", action="store_true",
+                        help="the TUN devices hand over TCP bursts (bench.wan_gso)")
     return parser.parse_args(argv)
 
 
@@ -192,8 +195,10 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     paths = [
-        _Path(HUB_TO_SPOKE, args.hub_fd, args.spoke_fd, shaper(HUB_TO_SPOKE)),
-        _Path(SPOKE_TO_HUB, args.spoke_fd, args.hub_fd, shaper(SPOKE_TO_HUB)),
+        _Path(HUB_TO_SPOKE, args.hub_fd, args.spoke_fd, shaper(HUB_TO_SPOKE),
+              Holes() if args.bursts else None),
+        _Path(SPOKE_TO_HUB, args.spoke_fd, args.hub_fd, shaper(SPOKE_TO_HUB),
+              Holes() if args.bursts else None),
     ]
     with socket.socket(fileno=args.control_fd) as control:
         try:

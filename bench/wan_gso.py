@@ -13,6 +13,8 @@ repaired (``Holes``) is cut here into its admitted segments, each a valid frame 
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
 
 VNET_HDR = struct.Struct("<BBHHHH")
@@ -23,6 +25,7 @@ GSO_TCPV4 = 1
 _IP_TOTAL_LENGTH = struct.Struct("!H")
 _IP_ID = struct.Struct("!H")
 _TCP_SEQ = struct.Struct("!I")
+_SEQ_MASK = 0xFFFFFFFF  # TCP sequence numbers wrap at 2**32
 _TCP_FLAGS_AT = 13  # byte of the TCP header holding CWR ... FIN
 _TCP_CWR, _TCP_PSH, _TCP_FIN = 0x80, 0x08, 0x01
 
@@ -93,7 +96,7 @@ def pieces(frame: bytes, runs: list[tuple[int, int]]) -> list[bytes]:
         _IP_ID.pack_into(head, 4, (ip_id + first) & 0xFFFF)
         head[10:12] = b"\0\0"
         _IP_ID.pack_into(head, 10, ipv4_checksum(head[:ip_len]))
-        _TCP_SEQ.pack_into(head, ip_len + 4, (seq + first * gso_size) & 0xFFFFFFFF)
+        _TCP_SEQ.pack_into(head, ip_len + 4, (seq + first * gso_size) & _SEQ_MASK)
         cleared = (_TCP_CWR if first > 0 else 0) | (_TCP_PSH | _TCP_FIN if end < count else 0)
         head[ip_len + _TCP_FLAGS_AT] = tcp_flags & ~cleared & 0xFF
         single = end - first == 1
@@ -135,19 +138,22 @@ class Holes:
     def update(self, flow: bytes, seq: int, sizes: list[int], header: int,
                admitted: list[bool]) -> bool:
         """Note a frame's segments (payload ``size - header`` each, from ``seq``) lost or
-        admitted; True if the flow has a hole once they are through."""
+        admitted; True if the flow has a hole once they are through. One pass over the flow's
+        holes per frame: at 1 % loss on a 900 ms path a flow has tens of them."""
         lost = self._lost.get(flow)
-        for size, passed in zip(sizes, admitted):
-            if size <= header:
-                continue  # no payload (a pure ACK): losing it leaves the receiver no hole
-            end = (seq + size - header) & 0xFFFFFFFF
-            if not passed:
-                lost = self._lost.setdefault(flow, set()) if lost is None else lost
-                lost.add(seq)
-            elif lost:
-                lost.difference_update([s for s in lost if (s - seq) & 0xFFFFFFFF
-                                        < (end - seq) & 0xFFFFFFFF])
-            seq = end
+        if lost is None and all(admitted):
+            return False
+        ends = list(itertools.accumulate(size - header for size in sizes))
+        if lost:  # a hole inside this frame is repaired if its segment got through
+            for hole in [h for h in lost if (h - seq) & _SEQ_MASK < ends[-1]]:
+                if admitted[bisect.bisect_right(ends, (hole - seq) & _SEQ_MASK)]:
+                    lost.discard(hole)
+        starts = [0, *ends[:-1]]
+        new = [(seq + start) & _SEQ_MASK for start, end, passed in zip(starts, ends, admitted)
+               if end > start and not passed]  # a lost pure ACK leaves the receiver no hole
+        if new:
+            lost = self._lost.setdefault(flow, set())
+            lost.update(new)
         if lost is not None and not lost:
             del self._lost[flow]
             return False

@@ -62,3 +62,11 @@ def test_a_frame_it_cannot_cut_goes_through_as_one_packet() -> None:
     _offer(link, Holes(), 0.0, frame)
     assert link.due(1.0) == [frame]
     assert link.counters.forwarded_bytes == 3000
+
+
+def test_without_bursts_a_lost_packet_is_simply_gone() -> None:
+    link = _link({1})
+    packets = [_frame(bytes(MSS), seq=i * MSS, gso=False) for i in range(3)]
+    for packet in packets:
+        _offer(link, None, 0.0, packet)
+    assert link.due(1.0) == [packets[0], packets[2]]

@@ -106,3 +106,28 @@ def test_holes_open_on_lost_payload_and_close_when_a_segment_covers_them() -> No
     start = 2**32 - MSS  # sequence numbers wrap
     assert holes.update(flow, start, [52 + MSS] * 2, 52, [True, False])
     assert not holes.update(flow, 0, [52 + MSS], 52, [True])
+
+
+def _reference_holes(lost: set[int], seq: int, payloads: list[int],
+                     admitted: list[bool]) -> None:
+    """Segment by segment: a lost one opens a hole, an admitted one closes those it covers."""
+    for payload, passed in zip(payloads, admitted):
+        if payload:
+            if not passed:
+                lost.add(seq)
+            else:
+                lost -= {h for h in lost if (h - seq) % 2**32 < payload}
+        seq = (seq + payload) % 2**32
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.lists(st.booleans(), min_size=1, max_size=8),
+                          st.integers(0, 52)), max_size=40))
+def test_holes_agree_with_a_segment_by_segment_model(
+        frames: list[tuple[int, list[bool], int]]) -> None:
+    holes, model = Holes(), set()
+    for start, admitted, short in frames:
+        seq = (2**32 - 20 * MSS + start * MSS) % 2**32  # near the wrap, with retransmissions
+        payloads = [MSS] * (len(admitted) - 1) + [max(MSS - short * 28, 0)]
+        sizes = [52 + p for p in payloads]
+        _reference_holes(model, seq, payloads, admitted)
+        assert holes.update(b"flow", seq, sizes, 52, admitted) == bool(model)
