@@ -149,8 +149,8 @@ class LinkSpec:
     def bursts(self) -> bool:
         """Whether TCP bursts cross the link as one frame each (``bench.wan_gso``): only on a
         link without random loss. With loss every flow has an unrepaired lost segment most of
-        the time, so its segments are written one by one anyway, and the frames would only add
-        work per packet (at 900 ms / 1 % the kernel's bursts are of two or three segments)."""
+        the time, so its segments are written one by one anyway, and handling the frames cost
+        the forwarder more than it saved (docs/wan-emulator.md, "Measured")."""
         return self.loss == 0
 
     @property
