@@ -106,16 +106,15 @@ def pieces(frame: bytes, runs: list[tuple[int, int]]) -> list[bytes]:
     return out
 
 
-def tcp_flow(frame: bytes) -> tuple[bytes, int, int] | None:
-    """(flow, sequence number of the first segment, segment size) of a TCP/IPv4 frame, or None
-    for anything else. The flow is the addresses and ports, as bytes."""
+def tcp_flow(frame: bytes) -> tuple[bytes, int] | None:
+    """(flow, sequence number of the first segment) of a TCP/IPv4 frame, or None for anything
+    else. The flow is the addresses and ports, as bytes."""
     packet = memoryview(frame)[VNET_HDR.size:]
     if len(packet) < 40 or packet[0] >> 4 != 4 or packet[9] != 6:
         return None
     ip_len = (packet[0] & 0x0F) * 4
     flow = bytes(packet[12:20]) + bytes(packet[ip_len:ip_len + 4])
-    gso_size = VNET_HDR.unpack_from(frame)[3]
-    return flow, _TCP_SEQ.unpack_from(packet, ip_len + 4)[0], gso_size
+    return flow, _TCP_SEQ.unpack_from(packet, ip_len + 4)[0]
 
 
 class Holes:
@@ -139,7 +138,7 @@ class Holes:
                admitted: list[bool]) -> bool:
         """Note a frame's segments (payload ``size - header`` each, from ``seq``) lost or
         admitted; True if the flow has a hole once they are through. One pass over the flow's
-        holes per frame: at 1 % loss on a 900 ms path a flow has tens of them."""
+        holes per frame, not one per segment."""
         lost = self._lost.get(flow)
         if lost is None and all(admitted):
             return False
