@@ -29,8 +29,7 @@ import socket
 import time
 from dataclasses import dataclass
 
-from bench.wan_gso import (VNET_HDR, FrameError, Holes, header_length, pieces, segment_sizes,
-                           tcp_flow)
+from bench.wan_gso import VNET_HDR, FrameError, Holes, pieces, segment_sizes, tcp_flow
 from bench.wan_shaper import LinkDirection
 
 READ_BATCH = 256  # packets read from one TUN per wakeup: amortises select() without
@@ -104,8 +103,8 @@ def _offer(shaper: LinkDirection, holes: Holes | None, now: float, frame: bytes)
     if holes is not None and (holes or None in arrivals):
         flow = tcp_flow(frame)
         if flow is not None:
-            split = holes.update(flow[0], flow[1], sizes, header_length(frame),
-                                 [a is not None for a in arrivals])
+            key, seq, header = flow
+            split = holes.update(key, seq, sizes, header, [a is not None for a in arrivals])
     if not split and None not in arrivals:
         shaper.schedule(arrivals[-1], frame, len(sizes), sum(sizes))
         return

@@ -45,11 +45,6 @@ def _headers(packet: bytes | memoryview) -> tuple[int, int]:
     return ip_len, total
 
 
-def header_length(frame: bytes) -> int:
-    """IPv4 + TCP header bytes of a TCP/IPv4 frame."""
-    return _headers(memoryview(frame)[VNET_HDR.size:])[1]
-
-
 def segment_sizes(frame: bytes) -> list[int]:
     """Bytes on the wire of each segment ``frame`` stands for: one size for a plain packet,
     one per ``gso_size`` of payload, each with its own IP and TCP headers, for a burst."""
@@ -106,15 +101,16 @@ def pieces(frame: bytes, runs: list[tuple[int, int]]) -> list[bytes]:
     return out
 
 
-def tcp_flow(frame: bytes) -> tuple[bytes, int] | None:
-    """(flow, sequence number of the first segment) of a TCP/IPv4 frame, or None for anything
-    else. The flow is the addresses and ports, as bytes."""
+def tcp_flow(frame: bytes) -> tuple[bytes, int, int] | None:
+    """(flow, sequence number of the first segment, IPv4 + TCP header bytes) of a TCP/IPv4
+    frame, or None for anything else. The flow is the addresses and ports, as bytes."""
     packet = memoryview(frame)[VNET_HDR.size:]
-    if len(packet) < 40 or packet[0] >> 4 != 4 or packet[9] != 6:
+    try:
+        ip_len, header = _headers(packet)
+    except FrameError:
         return None
-    ip_len = (packet[0] & 0x0F) * 4
     flow = bytes(packet[12:20]) + bytes(packet[ip_len:ip_len + 4])
-    return flow, _TCP_SEQ.unpack_from(packet, ip_len + 4)[0]
+    return flow, _TCP_SEQ.unpack_from(packet, ip_len + 4)[0], header
 
 
 class Holes:
