@@ -478,10 +478,17 @@ class _Terminated(Exception):
     """Raised from the signal handler so ``with`` blocks unwind and clean up."""
 
 
+_held_signals: list[int] | None = None
+"""While COMMAND is being started, the stop signals received (see :func:`_run_command`)."""
+
+
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     # Ignore repeats: a second Ctrl-C must not interrupt the cleanup it started.
     for other in STOP_SIGNALS:
         signal.signal(other, signal.SIG_IGN)
+    if _held_signals is not None:
+        _held_signals.append(signum)
+        return
     raise _Terminated(signum)
 
 
@@ -525,11 +532,22 @@ def _run_command(link: WanLink, command: list[str]) -> int:
     """Run COMMAND with the link's variables; on a stop signal, end its whole group.
 
     COMMAND gets its own process group (like timeout(1)) so that a shell's
-    grandchildren are stopped with it and do not outlive the link.
+    grandchildren are stopped with it and do not outlive the link. A stop signal
+    while it is being started is held until it can be stopped: raised inside
+    ``Popen`` (while it waits for the exec, long on a loaded machine), it would leave a
+    running COMMAND that no one stops, holding the caller's pipes open.
     """
-    env = {**os.environ, **link.env()}
-    child = subprocess.Popen(command, env=env, process_group=0)
+    global _held_signals
+    _held_signals = []
     try:
+        child = subprocess.Popen(command, env={**os.environ, **link.env()}, process_group=0)
+    except BaseException:
+        _held_signals = None
+        raise
+    try:
+        held, _held_signals = _held_signals, None
+        if held:
+            raise _Terminated(held[0])
         return child.wait()
     except _Terminated:
         _stop_group(child)

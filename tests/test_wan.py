@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import wan
 from bench.wan import (
     ENV_HUB_ADDR,
     ENV_HUB_NS,
@@ -117,13 +118,14 @@ def test_rtt_within_ten_percent(rtt: float) -> None:
 
 
 def test_two_links_at_once_are_separate() -> None:
-    # 20 ms, not less: the ping's own cost in Python on a loaded machine once took a 10 ms
-    # link's median past 11 ms, the tolerance's edge.
+    # The least of the samples: a link's delay is a floor that a loaded machine only adds to
+    # (the ping's own cost in Python, with two forwarders running, once took the 20 ms link's
+    # median to 22.1 ms in CI, and a 10 ms link's past 11 ms before that).
     with WanLink(LinkSpec(rtt=0.020, rate_bps=10e6)) as fast, \
             WanLink(LinkSpec(rtt=0.080, rate_bps=10e6)) as slow:
         assert len({fast.hub_ns, fast.spoke_ns, slow.hub_ns, slow.spoke_ns}) == 4
-        fast_rtt = statistics.median(measure_rtt(fast, samples=7))
-        slow_rtt = statistics.median(measure_rtt(slow, samples=7))
+        fast_rtt = min(measure_rtt(fast, samples=7))
+        slow_rtt = min(measure_rtt(slow, samples=7))
     assert fast_rtt == pytest.approx(0.020, rel=TOLERANCE)
     assert slow_rtt == pytest.approx(0.080, rel=TOLERANCE)
 
@@ -258,15 +260,47 @@ def test_cli_check_prints_asked_and_measured() -> None:
 def test_cli_cleans_up_on_sigterm(tmp_path: Path) -> None:
     started = tmp_path / "started"
     cli = _cli("--rtt", "10ms", "--rate", "10mbit", "--", "sh", "-c", f"touch {started}; sleep 60")
-    deadline = time.monotonic() + 15
+    # Generous: in CI the command had once not started 15 s after the CLI did.
+    deadline = time.monotonic() + 60
     while not started.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert started.exists()
     assert len(_our_namespaces(cli.pid)) == 2
     cli.send_signal(signal.SIGTERM)
     _, err = cli.communicate(timeout=30)
     assert cli.returncode == 128 + signal.SIGTERM
     assert _our_namespaces(cli.pid) == []
     assert "hub_to_spoke" in err
+
+
+class _NoLink:
+    """What ``_run_command`` needs of a link: its variables (none here)."""
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+
+def test_a_stop_signal_while_the_command_starts_stops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The signal lands inside Popen, after the fork: the command runs and must still be stopped.
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen_then_sigterm(*args, **kwargs) -> subprocess.Popen:
+        started.append(real_popen(*args, **kwargs))
+        signal.raise_signal(signal.SIGTERM)
+        return started[-1]
+
+    monkeypatch.setattr(wan.subprocess, "Popen", popen_then_sigterm)
+    previous = {signum: signal.getsignal(signum) for signum in wan.STOP_SIGNALS}
+    try:
+        for signum in wan.STOP_SIGNALS:
+            signal.signal(signum, wan._raise_terminated)
+        with pytest.raises(wan._Terminated):
+            wan._run_command(_NoLink(), ["sleep", "60"])
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert started[0].poll() == -signal.SIGTERM
 
 
 def test_cleanup_stale_removes_namespaces_of_a_killed_owner_only() -> None:
