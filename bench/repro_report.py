@@ -10,10 +10,11 @@ import numpy as np
 from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, VARIANTS, Check,
                                    Runs,
                                    Scenario, checks, per_repeat)
-from bench.repro_stats import (EXTRAPOLATION_HORIZONS, HINT_RECORDS, PREFETCH_ISSUED,
-                               PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES, RunRecord, RunSummary,
-                               Spread, cold_start_share, cpu_floor, loop_load, metric_total, spread,
-                               summarize, total_seconds, window_rate)
+from bench.repro_stats import (EXTRAPOLATION_HORIZONS, HINT_RECORDS, LOOP_DISK_WAITS,
+                               PREFETCH_ISSUED, PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES,
+                               RunRecord, RunSummary, Spread, cold_start_share, cpu_floor,
+                               loop_load, metric_total, spread, summarize, total_seconds,
+                               window_rate)
 
 PLOT_WINDOW = 20
 """Batches per point of the plotted samples/s (a rolling window smooths the step jitter)."""
@@ -92,10 +93,11 @@ def _table(head: list[str], body: list[list[str]]) -> str:
 
 def spoke_table(runs: Runs) -> str:
     """Where the spoke's bytes came from, what its prefetcher did and how busy its event loop
-    was, per spoke scenario."""
+    was (and how often it waited for the disk: "–" for runs from before that was counted), per
+    spoke scenario."""
     head = ["scenario", "read from cache (MB)", "served from hub fetches (MB)",
             "prefetch issued (MB)", "prefetch useful (MB)", "hint records",
-            "daemon's event loop: on a CPU + waiting for one"]
+            "daemon's event loop: on a CPU + waiting for one", "its waits for the disk"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in VARIANTS:
         for key in _ordered_keys(runs, variant):
@@ -112,7 +114,8 @@ def spoke_table(runs: Runs) -> str:
                 col(READ_BYTES, source="cache"), col(READ_BYTES, source="hub"),
                 col(PREFETCH_ISSUED), col(PREFETCH_USEFUL),
                 col(HINT_RECORDS, scale=1, digits=0),
-                _loop_load_cell(records)]) + " |")
+                _loop_load_cell(records),
+                _fmt(spread(d.get(LOOP_DISK_WAITS) for d in deltas), 1, 0)]) + " |")
     return "\n".join(lines)
 
 

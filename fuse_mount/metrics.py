@@ -132,10 +132,16 @@ class LoopLoadMetrics(Collector):
             "neuralcache_loop_runqueue_seconds",
             "Time the event loop's thread was ready to run but waited for a CPU. The rates of "
             "this and loop_cpu_seconds added up near 1: the loop is saturated.")
+        disk = CounterMetricFamily(
+            "neuralcache_loop_disk_waits",
+            "Page faults of the event loop's thread that read the disk (major faults): each "
+            "held up every FUSE request until the disk answered. Near zero once mounted; reads "
+            "that need the disk go to the cache's reader thread.")
         if times is not None:
             cpu.add_metric([], times.cpu_seconds)
             waiting.add_metric([], times.runqueue_seconds)
-        return [cpu, waiting]
+            disk.add_metric([], times.disk_waits)
+        return [cpu, waiting, disk]
 
 
 LOOP_THREAD = LoopThread()

@@ -1,19 +1,28 @@
-"""The event loop's load: the kernel's scheduler times of a thread, read from /proc, against
-what the thread did (spun on a CPU; spun on a CPU another process also wants)."""
+"""The event loop's load: the kernel's scheduler times and disk waits of a thread, read from
+/proc, against what the thread did (spun on a CPU; spun on a CPU another process also wants;
+touched mapped pages on disk)."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
+import pytest
+
+from bench.mount_procs import drop_page_cache
 from fuse_mount.loop_load import LoopThread, ThreadTimes, thread_times
 from fuse_mount.metrics import LoopLoadMetrics
+from fuse_mount.residency import file_resident_bytes
 
 SPIN_SECONDS = 0.2
 """Wall time each test thread spins for."""
+PAGES = 64
+"""Pages of the file the fault test maps; every other one is touched."""
 CLOCK_SLACK = 0.02
 """Allowed difference between two readings of one thread's CPU time (schedstat, thread_time):
 both come from the scheduler's runtime of the thread, read moments apart."""
@@ -73,8 +82,24 @@ def test_no_times_for_a_thread_not_watched_or_gone() -> None:
 def test_the_collector_serves_the_watched_threads_times() -> None:
     loop = LoopThread()
     metrics = LoopLoadMetrics(loop)
-    assert [f.samples for f in metrics.collect()] == [[], []]  # nothing before the watch
+    assert [f.samples for f in metrics.collect()] == [[], [], []]  # nothing before the watch
     loop.watch()
     samples = {f.name: f.samples[0].value for f in metrics.collect()}
-    assert set(samples) == {"neuralcache_loop_cpu_seconds", "neuralcache_loop_runqueue_seconds"}
+    assert set(samples) == {"neuralcache_loop_cpu_seconds", "neuralcache_loop_runqueue_seconds",
+                            "neuralcache_loop_disk_waits"}
     assert samples["neuralcache_loop_cpu_seconds"] > 0
+
+
+def test_touching_a_mapped_page_on_disk_counts_as_a_wait_for_the_disk(tmp_path: Path) -> None:
+    path = tmp_path / "on-disk"
+    path.write_bytes(os.urandom(PAGES * mmap.PAGESIZE))
+    drop_page_cache(path)
+    if file_resident_bytes(path) > 0:
+        pytest.skip("this filesystem keeps the file in the page cache")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        mm.madvise(mmap.MADV_RANDOM)  # one page per fault, no readahead around it
+        before = _times()
+        touched = sum(mm[i * mmap.PAGESIZE] for i in range(0, PAGES, 2))
+        after = _times()
+    assert touched >= 0
+    assert after.disk_waits - before.disk_waits >= PAGES // 2 * 0.9
