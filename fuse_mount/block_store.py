@@ -31,6 +31,7 @@ from fabric.checksum import block_checksum
 from fabric.protocol import CHECKSUM_BYTES
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
+from .lmdb_pages import page_in_tables
 from .residency import ResidencyProbe, buffer_address, will_need
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,12 @@ class IndexEntry(NamedTuple):
     size: int
     stamp: int
     address: int | None  # of the value in this process's map, if its row says where it lies
+
+
+BLOCKS_TABLE, TAILS_TABLE, STAMPS_TABLE = b"blocks", b"tails", b"stamps"
+TREE_RAM_SHARE = 16
+"""At mount, the trees of the tables (``page_in_trees``) are read ahead up to this share of the
+machine's RAM: 1/16, so a cache of about 20x the RAM has them all (they take ~4 % of the file)."""
 
 
 def map_size_for(capacity: int) -> int:
@@ -215,9 +222,9 @@ class BlockStore:
         # sync=False: a cache may lose its last batches on power loss; checksums catch damage.
         self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=3, sync=False,
                              metasync=False, readahead=False, max_readers=256)
-        self._blocks = self.env.open_db(b"blocks")
-        self._stamps = self.env.open_db(b"stamps")
-        self._tails = self.env.open_db(b"tails")
+        self._blocks = self.env.open_db(BLOCKS_TABLE)
+        self._stamps = self.env.open_db(STAMPS_TABLE)
+        self._tails = self.env.open_db(TAILS_TABLE)
 
     def _old_format_blocks(self) -> int:
         """How many blocks a cache written before blocks had tails holds (each block on two
@@ -304,8 +311,9 @@ class BlockStore:
         A stale address can only make the check look at the wrong pages: the bytes still come
         from the walk, checksum-verified. The walk also reads LMDB's branch and leaf pages, the
         tails' among them; they are a small part of the map (one leaf holds the keys or the
-        tails of ~60-100 blocks), descended by every lookup and every write batch, so they stay
-        in the page cache while the heads they point to come and go. None also
+        tails of ~60-100 blocks), read ahead at mount (``page_in_trees``) and descended by
+        every lookup and every write batch, so they stay in the page cache while the heads they
+        point to come and go. None also
         for a run not wholly stored or damaged: the caller then takes the path that may wait,
         which sorts that out.
         """
@@ -355,6 +363,17 @@ class BlockStore:
                     stamp, size, _ = stamps[key]
                     txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, address - base))
         return addresses
+
+    def page_in_trees(self) -> int:
+        """Have the kernel read the trees of the stamp, blocks and tails tables from the disk at
+        once (``lmdb_pages``; at most ``1 / TREE_RAM_SHARE`` of the RAM); returns the pages asked
+        for. The index walk that follows, and the first lookups of each block after a mount over
+        a cache file not in memory, then find them there, rather than fault them in a page at a
+        time: those lookups are made on the event loop for the runs it reads itself
+        (``read_run_resident``, which checks the values' pages only)."""
+        budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // TREE_RAM_SHARE
+        return page_in_tables(self.env, [STAMPS_TABLE, BLOCKS_TABLE, TAILS_TABLE],
+                              budget // self.env.stat()["psize"])
 
     def index(self) -> list[IndexEntry]:
         """Every cached block with its size, last-use stamp and value address (where its row
