@@ -105,17 +105,21 @@ class Prefetcher:
         self.planner.on_read(event.file_id, first, stop)
         self._measure_rate(now, (stop - first) * BLOCK_SIZE)
         self.ctx.read_rate = self._rate
-        obs = self.streams.observe(now, event.stream, event.file_id, event.offset, event.length)
-        for predictor in self._stream_predictors:
-            predictor.observe(now, obs)
-        if self.replay is not None:
-            self.replay.observe(now, event.file_id, first, stop - first, self._rate)
-        announced = (self.hinted is not None
-                     and self.hinted.observe(now, event.file_id, first, stop - first))
-        if self.fill is not None:
-            if announced:
+        if self.hinted is not None and self.hinted.observe(now, event.file_id, first,
+                                                           stop - first):
+            # An announced read: its order is known, and the stream table, the stream
+            # predictors and replay would learn nothing the hints do not say (in a shuffled
+            # epoch every read made a stream of its own, most of the work per read).
+            if self.fill is not None:
                 self.fill.stand_down()
-            else:
+        else:
+            obs = self.streams.observe(now, event.stream, event.file_id, event.offset,
+                                       event.length)
+            for predictor in self._stream_predictors:
+                predictor.observe(now, obs)
+            if self.replay is not None:
+                self.replay.observe(now, event.file_id, first, stop - first, self._rate)
+            if self.fill is not None:
                 self.fill.observe(now, obs, bool(guessed & self._pattern_mask))
         self.ledger.expire(now)
 
