@@ -141,6 +141,22 @@ def test_hints_make_a_shuffled_epoch_predictable_before_the_first_read():
     assert _pass(p, cache, order, 0.01) > 0.95
 
 
+def test_announced_reads_make_no_streams_and_the_others_still_do():
+    catalog = shards(n=4, size=1 << 20)
+    samples = [(f, b) for f in range(1, 5) for b in range(0, 256, 4)]
+    order = random.Random(5).sample(samples, len(samples))
+    cache = DictCache()
+    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False), LINK)
+    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order[:32])
+    cache.fill(p.on_hints(0.0, HintRecord(0, items, "rank0")))
+    for k, (fid, block) in enumerate(order[:32]):
+        _read(p, cache, 0.01 + k * 0.001, 1, fid, block)
+    assert len(p.streams) == 0  # the hints hold every read: no stream to follow
+    for k, (fid, block) in enumerate(order[32:40]):
+        _read(p, cache, 0.1 + k * 0.001, 1, fid, block)
+    assert len(p.streams) > 0  # reads beyond the announcement are followed as before
+
+
 def test_working_set_fill_for_random_reads_that_fit_and_not_otherwise():
     def fill_blocks(capacity: int) -> int:
         catalog = shards(n=2, size=16 << 20)
