@@ -10,7 +10,7 @@ import numpy as np
 from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, VARIANTS, Check,
                                    Runs,
                                    Scenario, checks, per_repeat)
-from bench.repro_stats import (EXTRAPOLATION_HORIZONS, HINT_RECORDS, LOOP_DISK_WAITS,
+from bench.repro_stats import (EXTRAPOLATION_HORIZONS, GC_SECONDS, HINT_RECORDS, LOOP_DISK_WAITS,
                                PREFETCH_ISSUED, PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES,
                                RunRecord, RunSummary, Spread, cold_start_share, cpu_floor,
                                loop_load, metric_total, spread, summarize, total_seconds,
@@ -93,11 +93,12 @@ def _table(head: list[str], body: list[list[str]]) -> str:
 
 def spoke_table(runs: Runs) -> str:
     """Where the spoke's bytes came from, what its prefetcher did and how busy its event loop
-    was (and how often it waited for the disk: "–" for runs from before that was counted), per
-    spoke scenario."""
+    was (how often it waited for the disk, how long the collector ran: "–" for runs from before
+    those were counted), per spoke scenario."""
     head = ["scenario", "read from cache (MB)", "served from hub fetches (MB)",
             "prefetch issued (MB)", "prefetch useful (MB)", "hint records",
-            "daemon's event loop: on a CPU + waiting for one", "its waits for the disk"]
+            "daemon's event loop: on a CPU + waiting for one", "its waits for the disk",
+            "garbage collection (s)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in VARIANTS:
         for key in _ordered_keys(runs, variant):
@@ -115,8 +116,16 @@ def spoke_table(runs: Runs) -> str:
                 col(PREFETCH_ISSUED), col(PREFETCH_USEFUL),
                 col(HINT_RECORDS, scale=1, digits=0),
                 _loop_load_cell(records),
-                _fmt(spread(d.get(LOOP_DISK_WAITS) for d in deltas), 1, 0)]) + " |")
+                _fmt(spread(d.get(LOOP_DISK_WAITS) for d in deltas), 1, 0),
+                _fmt(spread(_gc_seconds(d) for d in deltas), 1, 2)]) + " |")
     return "\n".join(lines)
+
+
+def _gc_seconds(delta: dict[str, float]) -> float | None:
+    """The daemon's collections over the run, every generation (None: not counted then)."""
+    if not any(key.startswith(GC_SECONDS) for key in delta):
+        return None
+    return metric_total(delta, GC_SECONDS)
 
 
 def _loop_load_cell(records: list[RunRecord]) -> str:

@@ -176,6 +176,7 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
                     hub=f"{cfg.hub_host}:{cfg.hub_port}", cache_dir=cfg.cache_dir,
                     namespace=namespace, cache=cache, fetcher=fetcher, client=client).serve)
                 freeze_long_lived()
+                pace_collections()
                 await _serve(cfg, SpokeFilesystem(namespace, fetcher, pump), nursery, ready)
                 nursery.cancel_scope.cancel()
             finally:
@@ -184,6 +185,23 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
                 with trio.CancelScope(shield=True):
                     await cache.flush()
                 cache.close()
+
+
+GC_THRESHOLDS = (10_000, 20, 100)
+"""The collector's thresholds from mount on; CPython's are (700, 10, 10). A cold read path keeps
+objects alive until their block lands (fetch records, views of replies, in-flight keys), so a
+young collection every 700 allocations walked thousands of them each time, and full ones came
+every few seconds: in a cold hinted ``bench.repro`` run the collector ran 0.68-0.73 s with
+CPython's thresholds (0.18 s of it in full collections), 0.19-0.21 s with these, none of it
+full (docs/throughput.md, "Garbage collection pauses"). Full collections still come, every 20
+million allocations or so, for cycles that live long."""
+
+
+def pace_collections() -> None:
+    """Collect less often (``GC_THRESHOLDS``) and time every collection
+    (``neuralcache_gc_seconds_total``); called once the mount's long-lived state is frozen."""
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.callbacks.append(metrics.CollectionTimer())
 
 
 def freeze_long_lived() -> None:

@@ -109,6 +109,26 @@ HINT_ERRORS = Counter(
     "Writes to the control file rejected as malformed hint data (EINVAL).")
 
 
+GC_SECONDS = Counter(
+    "neuralcache_gc_seconds_total",
+    "Time the garbage collector ran, by generation; it holds the GIL throughout, so on the "
+    "event loop every FUSE request waits (fuse_mount.daemon.GC_THRESHOLDS).", ["generation"])
+
+
+class CollectionTimer:
+    """A ``gc.callbacks`` entry that adds each collection's duration to ``GC_SECONDS``."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self._counters = [GC_SECONDS.labels(str(generation)) for generation in range(3)]
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self._counters[info["generation"]].inc(time.perf_counter() - self._started)
+
+
 class LoopLoadMetrics(Collector):
     """The event loop's load (``loop_load``): its thread's scheduler times, read when scraped.
     No samples before the loop is watched or where the kernel keeps no such times."""
