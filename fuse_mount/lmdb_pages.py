@@ -4,9 +4,10 @@ The cache maps its file without readahead (values are read at random), so a walk
 disk faults them in one at a time: the index walk at mount (the stamp table), and, on the first
 reads after a mount over a cache file that is not in the page cache, the lookups every read makes
 in the blocks and tails tables, which then waited for the disk on the event loop (a warm
-``bench.repro`` run: ~3,700 major faults in its first seconds). The tree pages (branches and
-leaves; not the values on overflow pages, which are the blocks themselves) are a small part of
-the file, about 60 bytes per block, and can be had from the disk all at once. py-lmdb has no call
+``bench.repro`` shuffled run: ~3,800 ``neuralcache_loop_disk_waits_total``). The tree pages
+(branches and leaves; not the values on overflow pages, which are the blocks themselves) are a
+small part of the file, ~160 bytes per block over the three tables (5,084 pages for 131,072
+blocks), and can be had from the disk all at once. py-lmdb has no call
 that walks a table without touching every value, so the tree is read here, from the pages of a
 read transaction's snapshot, which LMDB never overwrites while the transaction is open.
 

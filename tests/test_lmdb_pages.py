@@ -109,7 +109,8 @@ def test_the_pages_read_ahead_land_in_the_page_cache(tmp_path: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    assert _resident(path, pages) < len(pages) / 2
+    if _resident(path, pages) > len(pages) / 2:
+        pytest.skip("this filesystem keeps the file in the page cache")
     store = BlockStore(str(tmp_path), 2 * BLOCKS * BLOCK_SIZE)
     try:
         assert store.page_in_trees() == len(pages)
