@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.catalog import Catalog
-from neuralcache.events import AccessEvent
+from neuralcache.events import AccessEvent, PrefetchRequest
 from neuralcache.ensemble import Ledger
 from neuralcache.hints import HintRecord
 from neuralcache.planner import MAX_REQUEST_BLOCKS, PRESENT_RENOTE_S
@@ -126,14 +126,25 @@ def test_epoch_replay_replays_the_first_pass_order_only_when_it_repeats():
     assert _pass(p, cache, new_order, 20.0) < 0.2
 
 
-def test_hints_make_a_shuffled_epoch_predictable_before_the_first_read():
+def _shuffled_samples(seed: int) -> tuple[Catalog, list[tuple[int, int]], DictCache, Prefetcher]:
+    """Four shards of 16 KiB samples in a seeded shuffled order, a prefetcher with hints on."""
     catalog = shards(n=4, size=1 << 20)
     samples = [(f, b) for f in range(1, 5) for b in range(0, 256, 4)]
-    order = random.Random(3).sample(samples, len(samples))
+    order = random.Random(seed).sample(samples, len(samples))
     cache = DictCache()
-    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False), LINK)
+    return catalog, order, cache, Prefetcher(catalog, cache, PrefetchConfig(working_set=False),
+                                             LINK)
+
+
+def _announce(p: Prefetcher, catalog: Catalog, order: list[tuple[int, int]]
+              ) -> list[PrefetchRequest]:
     items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order)
-    first = p.on_hints(0.0, HintRecord(0, items, "rank0"))
+    return p.on_hints(0.0, HintRecord(0, items, "rank0"))
+
+
+def test_hints_make_a_shuffled_epoch_predictable_before_the_first_read():
+    catalog, order, cache, p = _shuffled_samples(3)
+    first = _announce(p, catalog, order)
     assert (order[0][0], order[0][1]) in blocks_of(first)
     cache.fill(first)
     for r in first:
@@ -142,13 +153,8 @@ def test_hints_make_a_shuffled_epoch_predictable_before_the_first_read():
 
 
 def test_announced_reads_make_no_streams_and_the_others_still_do():
-    catalog = shards(n=4, size=1 << 20)
-    samples = [(f, b) for f in range(1, 5) for b in range(0, 256, 4)]
-    order = random.Random(5).sample(samples, len(samples))
-    cache = DictCache()
-    p = Prefetcher(catalog, cache, PrefetchConfig(working_set=False), LINK)
-    items = tuple((catalog.get(f).path, b * BLOCK_SIZE, 4 * BLOCK_SIZE) for f, b in order[:32])
-    cache.fill(p.on_hints(0.0, HintRecord(0, items, "rank0")))
+    catalog, order, cache, p = _shuffled_samples(5)
+    cache.fill(_announce(p, catalog, order[:32]))
     for k, (fid, block) in enumerate(order[:32]):
         _read(p, cache, 0.01 + k * 0.001, 1, fid, block)
     assert len(p.streams) == 0  # the hints hold every read: no stream to follow
