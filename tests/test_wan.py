@@ -297,10 +297,13 @@ def test_a_stop_signal_while_the_command_starts_stops_it(monkeypatch: pytest.Mon
             signal.signal(signum, wan._raise_terminated)
         with pytest.raises(wan._Terminated):
             wan._run_command(_NoLink(), ["sleep", "60"])
+        assert started[0].poll() == -signal.SIGTERM
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    assert started[0].poll() == -signal.SIGTERM
+        for child in started:  # a failing run must not leave it behind
+            child.kill()
+            child.wait()
 
 
 def test_cleanup_stale_removes_namespaces_of_a_killed_owner_only() -> None:
