@@ -45,6 +45,12 @@ def _headers(packet: bytes | memoryview) -> tuple[int, int]:
     return ip_len, total
 
 
+def _require_tcpv4(gso_type: int, gso_size: int) -> None:
+    """A burst this module can cut: TCP over IPv4, with a segment size."""
+    if gso_type != GSO_TCPV4 or gso_size == 0:
+        raise FrameError(f"segmentation offload of type {gso_type} (size {gso_size})")
+
+
 def segment_sizes(frame: bytes) -> list[int]:
     """Bytes on the wire of each segment ``frame`` stands for: one size for a plain packet,
     one per ``gso_size`` of payload, each with its own IP and TCP headers, for a burst."""
@@ -52,8 +58,7 @@ def segment_sizes(frame: bytes) -> list[int]:
     packet_len = len(frame) - VNET_HDR.size
     if gso_type == GSO_NONE:
         return [packet_len]
-    if gso_type != GSO_TCPV4 or gso_size == 0:
-        raise FrameError(f"segmentation offload of type {gso_type} (size {gso_size})")
+    _require_tcpv4(gso_type, gso_size)
     _, header = _headers(memoryview(frame)[VNET_HDR.size:])
     payload = packet_len - header
     whole, last = divmod(payload, gso_size)
@@ -75,8 +80,7 @@ def pieces(frame: bytes, runs: list[tuple[int, int]]) -> list[bytes]:
     flags, gso_type, _, gso_size, csum_start, csum_offset = VNET_HDR.unpack_from(frame)
     packet = memoryview(frame)[VNET_HDR.size:]
     ip_len, header = _headers(packet)
-    if gso_type != GSO_TCPV4 or gso_size == 0:
-        raise FrameError(f"segmentation offload of type {gso_type} (size {gso_size})")
+    _require_tcpv4(gso_type, gso_size)
     count = -(-(len(packet) - header) // gso_size)
     ip_id = _IP_ID.unpack_from(packet, 4)[0]
     seq = _TCP_SEQ.unpack_from(packet, ip_len + 4)[0]

@@ -107,8 +107,8 @@ class BlockCache:
     def _load_index(self) -> None:
         # The index's keys are plain tuples, and so is every key the policy and the address
         # map keep (see ``_held_key``).
-        log.info("reading the cache's index (%d pages of its tables read ahead)",
-                 self.store.page_in_trees())
+        read_ahead = self.store.page_in_trees()
+        log.info("reading the cache's index (%d pages of its tables read ahead)", read_ahead)
         for entry in self.store.index():
             self._clock = max(self._clock, entry.stamp)
             if entry.address is not None:

@@ -25,6 +25,8 @@ from typing import Callable
 
 import lmdb
 
+from neuralcache.blocks import contiguous_runs
+
 log = logging.getLogger(__name__)
 
 _TABLE_RECORD = struct.Struct("=IHHQQQQQ")
@@ -91,8 +93,8 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) ->
         fd = file.fileno()
 
         def will_need(numbers: list[int]) -> None:
-            for first, count in _runs(sorted(numbers)):
-                os.posix_fadvise(fd, first * page_size, count * page_size,
+            for run in contiguous_runs(sorted(numbers)):  # a tree names each page once
+                os.posix_fadvise(fd, run.first * page_size, run.count * page_size,
                                  os.POSIX_FADV_WILLNEED)
 
         def read_level(numbers: list[int]) -> list[bytes]:
@@ -113,14 +115,3 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) ->
             log.warning("could not read the cache file's table pages (%s): its lookups read "
                         "the disk a page at a time until they are in memory", exc)
     return asked
-
-
-def _runs(numbers: list[int]) -> list[tuple[int, int]]:
-    """Sorted page numbers as (first, count) runs of consecutive pages."""
-    runs: list[tuple[int, int]] = []
-    for number in numbers:
-        if runs and runs[-1][0] + runs[-1][1] == number:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((number, 1))
-    return runs
