@@ -1,9 +1,11 @@
 """CPU the prefetcher costs per read, and a digest of what it decided, for synthetic patterns.
 
-    python -m bench.prefetch_cpu [--pattern NAME]... [--repeats 3] [--against DIR]
+    python -m bench.prefetch_cpu [--pattern NAME]... [--repeats 3] [--batch N] [--against DIR]
 
-The spoke daemon calls ``Prefetcher.on_access`` for every FUSE read on the loop that serves the
-reads, so its cost per call is a cost per read. This drives a real ``Prefetcher`` in one process,
+The spoke daemon hands the prefetcher every FUSE read on the loop that serves the reads, so its
+cost per call is a cost per read: ``Prefetcher.on_access`` (observe, then plan) by default,
+or with ``--batch 8`` as the mount's pump does, ``observe`` per read and one plan per eight
+reads and completions. This drives a real ``Prefetcher`` in one process,
 with no mount: an in-memory LRU cache of a set capacity holds what was read or prefetched (so
 free space and evictions are realistic; the "full" patterns start with the cache full of other
 data, the "warm" ones find every block cached, as a second run over a warm spoke does), each
@@ -242,8 +244,40 @@ def patterns() -> list[Pattern]:
     ]
 
 
-def run(pattern: Pattern) -> Outcome:
-    """One simulated run; wall time is counted only inside the prefetcher's calls."""
+class _Feed:
+    """Hands the prefetcher reads and completions: each with its own plan (``batch`` 1:
+    ``on_access``, ``on_prefetch_complete``), or one plan per ``batch`` of them (``observe``,
+    ``complete``), as the mount's pump does (``PUMP_BATCH``)."""
+
+    def __init__(self, pf: Prefetcher, batch: int) -> None:
+        self.pf = pf
+        self.batch = batch
+        self.unplanned = 0  # reads and completions handed over since the last plan
+
+    def read(self, now: float, event: AccessEvent) -> list[PrefetchRequest]:
+        if self.batch == 1:
+            return self.pf.on_access(now, event)
+        self.pf.observe(now, event)
+        return self._counted(now)
+
+    def completed(self, now: float, request: PrefetchRequest) -> list[PrefetchRequest]:
+        if self.batch == 1:
+            return self.pf.on_prefetch_complete(now, request)
+        self.pf.complete(now, request)
+        return self._counted(now)
+
+    def _counted(self, now: float) -> list[PrefetchRequest]:
+        self.unplanned += 1
+        if self.unplanned < self.batch:
+            return []
+        self.unplanned = 0
+        return self.pf.plan(now)
+
+
+def run(pattern: Pattern, batch: int = 1) -> Outcome:
+    """One simulated run; wall time is counted only inside the prefetcher's calls.
+
+    ``batch``: reads and completions per plan (``_Feed``)."""
     clock = time.perf_counter
     cache = ModelCache(pattern.capacity, pattern.prefill, pattern.warm)
     pf = Prefetcher(pattern.catalog, cache, link=LINK)
@@ -268,6 +302,7 @@ def run(pattern: Pattern) -> Outcome:
 
     access_s = total_s = 0.0
     next_tick = TICK_S
+    feed = _Feed(pf, batch)
     for record in pattern.hints:
         issue(pf.on_hints(0.0, record), 0.0)
     for i, (stream, fid, offset, length) in enumerate(pattern.reads):
@@ -279,7 +314,7 @@ def run(pattern: Pattern) -> Outcome:
             evicted = cache.insert(request.file_id, request.first, request.end)
             t0 = clock()
             evict(evicted)
-            more = pf.on_prefetch_complete(done_at, request)
+            more = feed.completed(done_at, request)
             spent += clock() - t0
             issue(more, done_at)
         if now >= next_tick:
@@ -293,7 +328,7 @@ def run(pattern: Pattern) -> Outcome:
         t0 = clock()
         evict(evicted)
         t1 = clock()
-        requests = pf.on_access(now, AccessEvent(stream, fid, offset, length))
+        requests = feed.read(now, AccessEvent(stream, fid, offset, length))
         t2 = clock()
         issue(requests, now)
         if timed:
@@ -307,15 +342,16 @@ def run(pattern: Pattern) -> Outcome:
                    digest.hexdigest()[:16])
 
 
-def _run_in(tree: str, name: str) -> Outcome:
+def _run_in(tree: str, name: str, batch: int) -> Outcome:
     """One run of a pattern in a fresh interpreter importing ``neuralcache`` from ``tree``."""
     env = dict(os.environ, PYTHONPATH=tree)
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "--pattern", name,
-                           "--json"], env=env, check=True, capture_output=True, text=True)
+                           "--batch", str(batch), "--json"], env=env, check=True,
+                          capture_output=True, text=True)
     return Outcome(**json.loads(done.stdout))
 
 
-def _compare(names: list[str], baseline: str, repeats: int) -> int:
+def _compare(names: list[str], baseline: str, repeats: int, batch: int) -> int:
     """Each pattern run alternately on ``baseline`` and on this tree (best of ``repeats``)."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     print(f"baseline {baseline} vs this tree {here}; us per read, best of {repeats}, "
@@ -326,8 +362,8 @@ def _compare(names: list[str], baseline: str, repeats: int) -> int:
     for name in names:
         runs: dict[str, list[Outcome]] = {"base": [], "new": []}
         for _ in range(repeats):
-            runs["base"].append(_run_in(baseline, name))
-            runs["new"].append(_run_in(here, name))
+            runs["base"].append(_run_in(baseline, name, batch))
+            runs["new"].append(_run_in(here, name, batch))
         base = min(runs["base"], key=lambda o: o.access_s)
         new = min(runs["new"], key=lambda o: o.access_s)
         base_all = min(o.total_s for o in runs["base"]) / base.timed_reads * 1e6
@@ -352,19 +388,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", metavar="DIR",
                         help="also run each pattern on the neuralcache package under DIR (e.g. "
                              "a `git archive HEAD` copy), alternating, and print the ratios")
+    parser.add_argument("--batch", type=int, default=1, metavar="N",
+                        help="plan once per N reads and completions, as the mount's pump does "
+                             "(8); default 1: on_access and on_prefetch_complete, each planning")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error("--batch must be at least 1")
     chosen = [p for p in all_patterns if not args.pattern or p.name in args.pattern]
     if args.against:
-        return _compare([p.name for p in chosen], args.against, args.repeats)
+        return _compare([p.name for p in chosen], args.against, args.repeats, args.batch)
     if args.json:
         (pattern,) = chosen
-        print(json.dumps(asdict(run(pattern))))
+        print(json.dumps(asdict(run(pattern, args.batch))))
         return 0
     print(f"{'pattern':<12} {'reads':>6} {'us/on_access':>12} {'us/read all':>11} "
           f"{'requests':>8}  digest            what")
     for pattern in chosen:
-        outcomes = [run(pattern) for _ in range(args.repeats)]
+        outcomes = [run(pattern, args.batch) for _ in range(args.repeats)]
         digests = {o.digest for o in outcomes}
         if len(digests) != 1:
             print(f"{pattern.name}: runs disagree {sorted(digests)}", file=sys.stderr)

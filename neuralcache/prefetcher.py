@@ -93,7 +93,7 @@ class Prefetcher:
     def on_access(self, now: float, event: AccessEvent) -> list[PrefetchRequest]:
         """A read was served or requested; returns prefetches to start now."""
         self.observe(now, event)
-        return self.planner.plan(now, self.ctx.horizon)
+        return self._plan(now)
 
     def observe(self, now: float, event: AccessEvent) -> None:
         """``on_access`` without the plan: a caller with several events at hand (the mount's
@@ -128,13 +128,13 @@ class Prefetcher:
         if self.hinted is None:
             return []
         self.hinted.on_hints(now, record)
-        return self.planner.plan(now, self.ctx.horizon)
+        return self._plan(now)
 
     def on_prefetch_complete(self, now: float, request: PrefetchRequest, ok: bool = True
                              ) -> list[PrefetchRequest]:
         """A prefetch arrived (or failed); the freed budget may start more."""
         self.complete(now, request, ok)
-        return self.planner.plan(now, self.ctx.horizon)
+        return self._plan(now)
 
     def complete(self, now: float, request: PrefetchRequest, ok: bool = True) -> None:
         """``on_prefetch_complete`` without the plan (see ``observe``)."""
@@ -157,6 +157,11 @@ class Prefetcher:
         if link is not None:
             self.set_link(link)
         self.ledger.expire(now)
+        return self._plan(now)
+
+    def _plan(self, now: float) -> list[PrefetchRequest]:
+        if self.hinted is not None:
+            self.hinted.register_moved(now)
         return self.planner.plan(now, self.ctx.horizon)
 
     # outputs -------------------------------------------------------------------------------

@@ -372,6 +372,8 @@ class HintedPredictor:
         self.unknown_paths = 0
         self._recent: deque[tuple[float, int, int, int]] = deque(maxlen=RECENT_READS)
         """(time, file id, first block, blocks) of the latest reads, for ``replay``."""
+        self._moved: dict[HintSequence, None] = {}
+        """Sequences reads moved since ``register_moved`` last ran, in the order they moved."""
 
     def on_hints(self, now: float, record: HintRecord) -> None:
         """Append a record's items to its announcer's epoch (a new epoch number starts one)."""
@@ -398,12 +400,23 @@ class HintedPredictor:
         self.ctx.planner.offer(seq)
 
     def observe(self, now: float, file_id: int, first: int, count: int) -> bool:
-        """Follow the read through every announced order; True if one of them holds it."""
+        """Follow the read through every announced order; True if one of them holds it. The
+        windows it moved are extended at the next plan (``register_moved``)."""
         self._recent.append((now, file_id, first, count))
         matched = False
         for seq in self.sequences.values():
             if seq.match(now, file_id, first, count):
-                seq.register(now)
-                self.ctx.planner.offer(seq)
+                self._moved[seq] = None
                 matched = True
         return matched
+
+    def register_moved(self, now: float) -> None:
+        """Guess and offer the new ends of the windows reads moved, once per plan rather than
+        per read: the mount plans once per batch of reads, and the window's end (a search of
+        the epoch and a count of its read items) was most of an announced read's cost. A read
+        moves the end by about an item, a window holds a few horizons of them, so a guess
+        made a batch later is still made long before its read."""
+        for seq in self._moved:
+            seq.register(now)
+            self.ctx.planner.offer(seq)
+        self._moved.clear()
