@@ -160,6 +160,7 @@ class Prefetcher:
         return self._plan(now)
 
     def _plan(self, now: float) -> list[PrefetchRequest]:
+        """Every plan: the hinted windows that reads moved are extended first."""
         if self.hinted is not None:
             self.hinted.register_moved(now)
         return self.planner.plan(now, self.ctx.horizon)

@@ -412,9 +412,10 @@ class HintedPredictor:
 
     def register_moved(self, now: float) -> None:
         """Guess and offer the new ends of the windows reads moved, once per plan rather than
-        per read: the mount plans once per batch of reads, and the window's end (a search of
-        the epoch and a count of its read items) was most of an announced read's cost. A read
-        moves the end by about an item, a window holds a few horizons of them, so a guess
+        per read: the mount plans once per batch of reads, and finding a window's end (a
+        search of the epoch and a count of its read items) per read was a fifth or more of
+        what an announced read cost the prefetcher (``bench.prefetch_cpu --batch 8``). A read
+        moves the end by about an item and a window holds a few horizons of them, so a guess
         made a batch later is still made long before its read."""
         for seq in self._moved:
             seq.register(now)
