@@ -354,6 +354,31 @@ def test_an_exact_epoch_is_fetched_a_few_horizons_ahead_of_the_job():
     assert 300 < len(fetched) // 4 < 0.25 * len(order)  # ahead of the job, not the whole epoch
 
 
+def test_an_epoch_read_in_the_pumps_batches_is_fetched_ahead_of_the_job():
+    """The mount hands reads over with ``observe`` and plans once per batch of them: every
+    sample is still fetched before the job reads it, far past the announcement's first window,
+    and the guessed part of the window follows the job (extended at each plan; without that
+    the guesses stay where the announcement put them)."""
+    p, cache, first, order = _hinted_shuffle(n_files=16, size=4 << 20, exact=True)
+    fetched: set[tuple[int, int]] = set(blocks_of(first))
+    landing = first
+    missed = 0
+    for start in range(0, 600, 8):
+        cache.fill(landing)  # the last plan's prefetches arrive before the next batch
+        for r in landing:
+            p.complete(0.01 * start, r)
+        for k, (f, b) in enumerate(order[start:start + 8], start):
+            missed += not cache.contains(f, b)
+            cache.keys.update((f << 40) | x for x in range(b, b + 4))  # a demand read lands
+            p.observe(0.01 * k, AccessEvent(1, f, b * BLOCK_SIZE, 4 * BLOCK_SIZE))
+        landing = p.plan(0.01 * (start + 8))
+        fetched.update(blocks_of(landing))
+    assert missed == 0
+    assert len(fetched) // 4 > 600 + len(blocks_of(first)) // 4  # the window moved on
+    f, b = order[600]  # and so did its guesses: the job's next sample is one of them
+    assert p.ledger.guessed_by((f << 40) | b, "hinted")
+
+
 SRC = ["stride", "ngram", "hinted"]
 
 
