@@ -335,3 +335,53 @@ def test_startup_ends_on_loss_repaired_below_even_when_app_limited():
     assert _app_limited_startup(0.01).state is BBRState.STARTUP
     lossy = _app_limited_startup(0.05)
     assert lossy.full_bw_reached and lossy.state is not BBRState.STARTUP
+
+
+LONG_RATE, LONG_RTT = 12.5e6, 0.9
+LONG_LINK = LinkConfig(rate=LONG_RATE, rtt=LONG_RTT, loss=0.01)
+
+
+def test_a_resumed_flow_fills_a_long_path_in_a_few_round_trips():
+    """Careful resume on the simulated 900 ms / 1 % path: from half the remembered rate the
+    link is full within two round trips, where STARTUP from the initial window takes five."""
+    cold = simulate(LONG_LINK, [FlowSpec(BBR(seed=1))], 20.0, seed=1)
+    resumed_cc = BBR(seed=1)
+    assert resumed_cc.resume(0.0, LONG_RATE, LONG_RTT)
+    resumed = simulate(LONG_LINK, [FlowSpec(resumed_cc)], 20.0, seed=1)
+    assert resumed.utilization(2 * LONG_RTT, 6 * LONG_RTT) >= 0.95
+    assert cold.utilization(2 * LONG_RTT, 6 * LONG_RTT) <= 0.6
+    assert resumed.utilization(0.0, 20.0) >= cold.utilization(0.0, 20.0) + 0.1
+    # STARTUP ends once its samples reach the remembered rate, not three rounds later:
+    # PROBE_BW within four round trips, and the queue never the STARTUP overshoot's.
+    assert resumed.flows[0].first_time_in("probe_bw") <= 4 * LONG_RTT
+    assert resumed.queue_peak(0.0, 20.0) <= 0.5 * cold.queue_peak(0.0, 20.0)
+
+
+def test_a_stale_record_gives_way_to_the_path_s_own_samples():
+    """Resumed from four times the link's rate (a path slower than remembered): within a few
+    rounds the estimate is the link's, and the overshoot is no worse than STARTUP's own."""
+    cc = BBR(seed=1)
+    assert cc.resume(0.0, 4 * RATE, RTT)
+    assert cc.btl_bw == pytest.approx(2 * RATE)  # RESUME_SHARE of it, until samples say more
+    r = simulate(LINK, [FlowSpec(cc)], 5.0, seed=1, snapshot_interval=RTT)
+    assert r.flows[0].snapshot_at(12 * RTT).btl_bw == pytest.approx(RATE, rel=0.02)
+    assert r.flows[0].first_time_in("probe_bw") <= 20 * RTT
+    cold = simulate(LINK, [FlowSpec(BBR(seed=1))], 5.0, seed=1)
+    assert r.queue_peak(0.0, 5.0) <= 1.1 * cold.queue_peak(0.0, 5.0)
+    assert r.utilization(1.0, 5.0) >= 0.97
+
+
+def test_only_a_flow_that_has_delivered_nothing_resumes_and_only_a_measured_rate_is_kept():
+    cc = BBR(seed=0, mss=MSS)
+    assert cc.path_bandwidth() is None  # STARTUP has not found the bottleneck
+    _steady_pipe(cc, 400)
+    assert not cc.resume(400 * MSS / RATE, 10 * RATE, RTT)
+    assert cc.btl_bw == pytest.approx(RATE, rel=0.02)
+    assert cc.state is BBRState.PROBE_BW
+    assert cc.path_bandwidth() == pytest.approx(RATE, rel=0.02)
+    # A resumed flow keeps what its samples measured, never the remembered share.
+    resumed = BBR(seed=0, mss=MSS)
+    assert resumed.resume(0.0, 10 * RATE, RTT)
+    assert resumed.path_bandwidth() is None
+    _steady_pipe(resumed, 400)
+    assert resumed.path_bandwidth() == pytest.approx(RATE, rel=0.02)

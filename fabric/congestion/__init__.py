@@ -16,6 +16,7 @@ from .base import (
     CongestionStats,
     DeliveryRateSampler,
     RateSample,
+    ResumableController,
     SentPacket,
 )
 from .bbr import BBR, BBRState
@@ -58,6 +59,7 @@ __all__ = [
     "DeliveryRateSampler",
     "Pacer",
     "RateSample",
+    "ResumableController",
     "SentPacket",
     "WindowedFilter",
     "create_controller",

@@ -14,7 +14,8 @@ rather than 4 packets (BBR v2), the minimum window is 4 requests rather than 4 s
 STARTUP also ends on loss that TCP repaired below the requests (BBR v2's loss threshold), and
 while the transport below keeps reporting such loss, no bandwidth sample exceeds what reached
 the receiver and the window has room for the replies TCP holds behind its holes; on a clean
-path PROBE_BW's cwnd gain is 1.5, not 2 (our acks are not delayed the way TCP's are).
+path PROBE_BW's cwnd gain is 1.5, not 2 (our acks are not delayed the way TCP's are). A flow
+may start from the model an earlier one had of the same path (``resume``, careful resume).
 """
 
 from __future__ import annotations
@@ -132,6 +133,22 @@ The bound is the kernel's for its own window allowance for acks that come late a
 (``bbr_extra_acked_max_us``): on a 900 ms path a whole extra BDP only queued at the bottleneck
 (demand p99 5-6 round trips against 3 in a 60 s run) and carried no more."""
 
+RESUME_SHARE = 0.5
+"""A resumed flow (``resume``) starts from this share of the bandwidth it remembers, as careful
+resume does (draft-ietf-tsvwg-careful-resume jumps to half the saved window): the path may be
+busier than when it was measured, and STARTUP's gain takes a share that the path does carry up
+to the whole in one round."""
+
+RESUME_ROUNDS = 3
+"""Rounds the remembered share counts as an estimate without any sample confirming it. A path
+slower than remembered is then seen by its own samples; in the max filter the remembered rate
+would stay for ``BW_FILTER_ROUNDS`` (10) round trips, 9 s at 900 ms."""
+
+RESUME_REACHED = 0.9
+"""A resumed STARTUP ends once samples reach this share of the remembered bandwidth: the path
+is known to carry that much, and three more rounds at 2.9x to find the plateau only fill the
+bottleneck queue (at 900 ms, 3-5 s of tail drops and round trips grown to 2-3 s)."""
+
 PACING_MARGIN = 0.01
 """Pace 1 % below the estimate so the bottleneck queue drains on average."""
 
@@ -191,6 +208,8 @@ class BBR(SampledController):
         self._probe_rtt_round_done = False
         self._probe_rtt_cwnd_target = 0  # set on entering PROBE_RTT
         self._idle_restart = False
+        self._resume_bw = 0.0  # the remembered bandwidth (``resume``), 0 if not resumed
+        self._resume_until = 0  # round before which its share counts without samples
         self._pacing_rate = self._rate(
             INITIAL_WINDOW_SEGMENTS * mss / initial_rtt, HIGH_GAIN
         )
@@ -200,7 +219,32 @@ class BBR(SampledController):
     @property
     def btl_bw(self) -> float:
         """Bottleneck-bandwidth estimate, bytes/s (0 before the first sample)."""
-        return self._bw.get() or 0.0
+        bw = self._bw.get() or 0.0
+        if self.round_count < self._resume_until:
+            bw = max(bw, self._resume_bw * RESUME_SHARE)
+        return bw
+
+    def resume(self, now: float, btl_bw: float, rtt: float) -> bool:
+        """Start from a model this path had before (careful resume): ``RESUME_SHARE`` of
+        ``btl_bw`` as the estimate for the first ``RESUME_ROUNDS`` rounds, and ``rtt`` (the
+        round trip measured on this connection's greeting) as min_rtt, the window opened to
+        STARTUP's gain over that at once instead of growing from the initial window one round
+        trip at a time. Only before anything was delivered; returns whether it took effect."""
+        if self.sampler.delivered or self.state is not BBRState.STARTUP or btl_bw <= 0 or rtt <= 0:
+            return False
+        self._resume_bw = btl_bw
+        self._resume_until = self.round_count + RESUME_ROUNDS
+        self.min_rtt = rtt
+        self._min_rtt_stamp = now
+        self._has_seen_rtt = True  # the startup rate below is not the initial window's guess
+        self._cwnd = max(self._cwnd, self._bdp(self.btl_bw, HIGH_GAIN))
+        self._pacing_rate = self._rate(self.btl_bw, HIGH_GAIN)
+        return True
+
+    def path_bandwidth(self) -> float | None:
+        """BtlBw worth remembering for a later ``resume``: only once STARTUP has found the
+        bottleneck, and from samples alone (never a resumed share)."""
+        return (self._bw.get() or None) if self.full_bw_reached else None
 
     def stats(self) -> CongestionStats:
         return self._stats(state=self.state.value, btl_bw=self.btl_bw, min_rtt=self.min_rtt)
@@ -305,6 +349,9 @@ class BBR(SampledController):
         self._round_delivered_mark = self.sampler.delivered
         if delivered > 0 and resent > STARTUP_LOSS_RATE * delivered:
             self.full_bw_reached = True  # the bottleneck queue overflows: the pipe is full
+            return
+        if self._resume_bw and (self._bw.get() or 0.0) >= RESUME_REACHED * self._resume_bw:
+            self.full_bw_reached = True  # samples reached what this path carried before
             return
         if rs.is_app_limited:
             return
