@@ -24,6 +24,10 @@ connections have two roles:
   on two such connections at once (the first verified reply wins), so a single random loss
   does not cost it a retransmission round trip.
 
+Given a ``path_memory`` file, the client keeps its controller's model of the path there and
+starts from it on the next run if the path still looks the same (careful resume,
+``fabric.path_memory``).
+
 Every connection redials with exponential backoff when it breaks; requests on a lost
 connection are sent again. Blocks are checked against the hub's checksums before they are
 returned. Callers see ``HubUnavailable``, ``ChecksumError`` or ``RemoteError`` - nothing else.
@@ -36,7 +40,9 @@ import itertools
 import logging
 import math
 import secrets
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import trio
@@ -46,6 +52,7 @@ from neuralcache.blocks import BLOCK_SIZE
 from . import metrics
 from .checksum import bad_blocks, intact
 from .congestion import CongestionStats, create_controller
+from .path_memory import PathRecord, load_record, save_record
 from .protocol import (MAX_READ_BLOCKS, PROTOCOL_VERSION, ErrorReply, Hello, Message,
                        MetaEntry, MetaReply, MetaRequest, PacingLimit, Priority, ProtocolError,
                        ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role, Welcome,
@@ -129,6 +136,11 @@ deadline is the mount's hub timeout (tens of seconds), so a second late is nothi
 
 WATCHDOG_PERIOD = 1.0
 """Longest interval between checks for requests older than ``attempt_timeout``."""
+
+REMEMBER_PERIOD = 10.0
+"""Seconds between writes of the controller's model to ``path_memory``: a client that stops
+(or is killed) loses at most this much of what it learnt, and a tiny file written this
+rarely costs nothing."""
 
 PRIORITIES = {"demand": Priority.DEMAND, "prefetch": Priority.PREFETCH}
 """The ``priority`` names ``HubClient.read`` accepts."""
@@ -351,7 +363,9 @@ class HubClient:
                  connect_timeout: float = 10.0, attempt_timeout: float = 30.0,
                  congestion: str = "bbr", connections: int = DEFAULT_CONNECTIONS,
                  demand_connections: int = DEFAULT_DEMAND_CONNECTIONS,
-                 tcp_congestion: str | None = "bbr", stagger: float = BULK_STAGGER) -> None:
+                 tcp_congestion: str | None = "bbr", stagger: float = BULK_STAGGER,
+                 path_memory: Path | None = None,
+                 remember_period: float = REMEMBER_PERIOD) -> None:
         if connections < 1 or demand_connections < 1:
             raise ValueError("need at least one bulk and one demand connection")
         self.host = host
@@ -378,6 +392,10 @@ class HubClient:
         self._next_publish = -math.inf
         self._resends = ResendRate()  # what the hub's TCP lately sent twice: hedge or not
         self._reply_pacing = ReplyPacing()  # the cap the hub's kernel paces bulk replies at
+        self._path_memory = path_memory  # the path's kept model (fabric.path_memory), if any
+        self._remember_period = remember_period
+        self._kept: PathRecord | None = None  # read from path_memory; used up by the first link
+        self._resume_checked = False
 
     # -- public ----------------------------------------------------------------------------
 
@@ -400,8 +418,12 @@ class HubClient:
         """Connect (raising HubUnavailable if that fails within connect_timeout), then keep the
         pool up forever, redialling with backoff."""
         unreachable = False
+        if self._path_memory is not None:
+            self._kept = await trio.to_thread.run_sync(load_record, self._path_memory)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self._path_memory is not None:
+                nursery.start_soon(self._remember_path, self._path_memory)
             # All connections are dialled at once: on a 900 ms path each dial and hello takes
             # two round trips, which the bulk connections should not add after the first's.
             for i in range(self._demand_slots):
@@ -887,6 +909,9 @@ class HubClient:
         return _Connection(stream, reader, role, hello_rtt)
 
     async def _serve(self, conn: _Connection) -> None:
+        if not self._resume_checked:
+            self._resume_checked = True
+            self._resume(conn.hello_rtt)
         self._conns.append(conn)
         self._links_changed()
         try:
@@ -929,6 +954,49 @@ class HubClient:
                             self.attempt_timeout)
                 await trio.aclose_forcefully(conn.stream)
                 return
+
+    @property
+    def _hub_name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _resume(self, hello_rtt: float) -> None:
+        """Start the controller from the path's kept model if it is this path's (the first
+        connection's greeting gives the round trip to compare), before any request leaves."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return
+        outcome = kept.matches(self._hub_name, self._pipe.stats().name, hello_rtt, time.time())
+        if outcome is None:
+            resumed = self._pipe.resume(trio.current_time(), kept.btl_bw, hello_rtt)
+            outcome = "resumed" if resumed else "not_resumable"
+        metrics.FABRIC_PATH_RESUMES.labels(outcome).inc()
+        if outcome == "resumed":
+            log.info("resuming the path's model from %s: %.1f MB/s kept, round trip %.3f s",
+                     self._path_memory, kept.btl_bw / 1e6, hello_rtt)
+        else:
+            log.info("not resuming the path's model from %s (%s); learning it afresh",
+                     self._path_memory, outcome)
+
+    async def _remember_path(self, path: Path) -> None:
+        """Keep the controller's model of the path at ``path`` every ``remember_period`` once
+        it has one worth keeping (``RequestPipe.path_bandwidth``)."""
+        failing = False
+        while True:
+            await trio.sleep(self._remember_period)
+            btl_bw = self._pipe.path_bandwidth()
+            if btl_bw is None or not self._conns:
+                continue
+            record = PathRecord(hub=self._hub_name, controller=self._pipe.stats().name,
+                                btl_bw=btl_bw, hello_rtt=min(c.hello_rtt for c in self._conns),
+                                saved_at=time.time())
+            try:
+                await trio.to_thread.run_sync(save_record, path, record)
+                failing = False
+            except OSError as exc:
+                metrics.FABRIC_PATH_SAVE_ERRORS.inc()
+                if not failing:  # once per run of failures, not every period
+                    log.warning("cannot keep the path's model in %s: %s", path, exc)
+                failing = True
 
     def _links_changed(self) -> None:
         metrics.HUB_LINK_UP.set(1 if self._conns else 0)

@@ -72,6 +72,17 @@ FABRIC_EXPEDITED_BLOCKS = Counter(
     "neuralcache_fabric_expedited_blocks_total",
     "Blocks a reader needed while their prefetch request still waited in the spoke's queue; "
     "they were sent at once as demand requests.")
+FABRIC_PATH_RESUMES = Counter(
+    "neuralcache_fabric_path_resumes_total",
+    "Starts of the hub client with a kept model of its path (fabric/path_memory.py), by "
+    "outcome: resumed (the controller started from it), other_path (another hub or "
+    "controller), expired (older than a day), rtt_changed (the greeting's round trip is not "
+    "the one remembered), not_resumable (the controller cannot resume or had begun).",
+    ["outcome"])
+FABRIC_PATH_SAVE_ERRORS = Counter(
+    "neuralcache_fabric_path_save_errors_total",
+    "Failed writes of the path's model to its record (disk full, permissions); the transport "
+    "goes on, and the next start learns the path from scratch.")
 FABRIC_CONNECTIONS = Gauge(
     "neuralcache_fabric_connections", "Live connections to the hub, by role.", ["role"])
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from neuralcache.blocks import BLOCK_SIZE
 
-from ..congestion import CongestionController, CongestionStats, Pacer
+from ..congestion import CongestionController, CongestionStats, Pacer, ResumableController
 from ..protocol import MAX_READ_BLOCKS, MAX_READ_RANGES
 
 MIN_REQUEST_BYTES = 64 * 1024
@@ -251,6 +251,19 @@ class RequestPipe:
             del self._jobs[job]
 
     # -- demand and completions ------------------------------------------------------------
+
+    def path_bandwidth(self) -> float | None:
+        """The controller's BtlBw worth keeping for a later ``resume``, if it keeps one."""
+        if isinstance(self.controller, ResumableController):
+            return self.controller.path_bandwidth()
+        return None
+
+    def resume(self, now: float, btl_bw: float, rtt: float) -> bool:
+        """Start the controller from a kept model (``ResumableController.resume``); False if it
+        cannot resume or has already begun."""
+        if isinstance(self.controller, ResumableController):
+            return self.controller.resume(self._since(now), btl_bw, rtt)
+        return False
 
     def on_path_loss(self, now: float, nbytes: int) -> None:
         """The hub reports that its TCP resent ``nbytes`` (protocol version >= 3)."""
