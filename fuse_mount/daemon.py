@@ -16,6 +16,7 @@ import subprocess
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO, Callable
 
 import pyfuse3
@@ -44,6 +45,9 @@ READ_AHEAD_KB = 1024
 """Kernel readahead for the mount (KiB): sequential readers then send 1 MiB FUSE reads, not the
 default 128 KiB, which amortises Python's per-request cost."""
 
+PATH_RECORD = "path.json"
+"""The hub client's model of the path to the hub, in the cache directory: a remount over the
+same cache starts its transport from it (``fabric.path_memory``)."""
 
 DEFAULT_LINK_BANDWIDTH = 200e6 / 8
 """Bytes/s the prefetch planner assumes until the hub client's congestion control has measured
@@ -145,7 +149,8 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
         if cfg.record_trace:
             trace_out = files.enter_context(_open_trace(cfg.record_trace))
         client = HubClient(cfg.hub_host, cfg.hub_port, name=os.uname().nodename,
-                           connect_timeout=cfg.connect_timeout)
+                           connect_timeout=cfg.connect_timeout,
+                           path_memory=Path(cfg.cache_dir, PATH_RECORD))
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             entries = await client.metadata(timeout=cfg.hub_timeout)
