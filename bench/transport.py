@@ -1,6 +1,6 @@
 """Measure the hub->spoke data path over emulated WAN links: the table of docs/transport.md.
 
-    .venv/bin/python -m bench.transport            # 3 links x 3 clients x 60 s + loopback, ~12 min
+    .venv/bin/python -m bench.transport            # 3 links x 4 clients x 60 s + loopback, ~16 min
     .venv/bin/python -m bench.transport --quick    # 15 s transfers, for development
 
 For each link (``bench.wan``: namespaces, TUN devices, a shaping forwarder) and each client, a
@@ -12,6 +12,9 @@ block every ``DEMAND_INTERVAL`` and records its latency. Clients:
 * ``bbr`` / ``cubic``: ``fabric.client.HubClient`` with that congestion controller (the kernel
   TCP under its bulk connections is BBR in both cases, under its demand connections CUBIC;
   both ends set it, by the role the hello gives);
+* ``bbr-resumed``: ``bbr`` again on the same link, started from the path record the ``bbr``
+  run before it kept (``fabric.path_memory``: careful resume, as a spoke remounting over its
+  cache does); the ``bbr`` row itself always starts without one;
 * ``naive``: one plain TCP connection fetching one 4 KiB block at a time (a demand read takes
   the next turn).
 
@@ -43,6 +46,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -89,10 +93,13 @@ NODE_SYSCTLS = (
 )
 """The node settings of docs/transport.md, applied to both namespaces of an emulated link."""
 
-ROUTE_WINDOW = 128
+ROUTE_WINDOW = 1024
 """``initcwnd``/``initrwnd`` (packets) on each namespace's route to the other, also from
-docs/transport.md: a fresh connection's first flight is 185 KB instead of 14 KB, which saves
-a 900 ms path about four round trips of slow start."""
+docs/transport.md: a fresh connection's first flight may be 1.5 MB instead of 14 KB. What the
+hub's kernel sends is still only what the spoke's controller asked for; the window only stops
+the kernel from being the limit. A controller resumed on the 900 ms path (``bbr-resumed``)
+asks for half its 11 MB BDP at once, ~1.4 MB per bulk connection, which 128 packets
+(185 KB) would spread over four more round trips (docs/transport.md, "Careful resume")."""
 
 
 def configure_node(wan: Any) -> None:
@@ -120,7 +127,11 @@ LINKS = (
     Link("60 ms / 200 Mbit/s / 1 %", 0.060, 200e6, 0.01),
     Link("900 ms / 100 Mbit/s / 1 %", 0.900, 100e6, 0.01),
 )
-CLIENTS = ("bbr", "cubic", "naive")
+CLIENTS = ("bbr", "bbr-resumed", "cubic", "naive")
+RESUMED = "bbr-resumed"
+"""The client that starts from the path record the ``bbr`` run on the same link kept."""
+PATH_RECORD = "path.json"
+"""The ``bbr`` runs' path record, in a directory of each link's own."""
 CEILING = "plain TCP"
 """The loopback rows' ceiling: the same connections with nothing but TCP on them
 (``bench.tcp_ceiling``)."""
@@ -169,20 +180,23 @@ def hub_main(export: str, host: str, port: int) -> None:
 # -- spoke side (runs in the spoke namespace) ---------------------------------------------------
 
 def load_main(host: str, port: int, client: str, duration: float, connections: int,
-              depth: int = PREFETCH_DEPTH) -> None:
-    result = (_naive_load if client == "naive" else _fabric_load)(
-        host, port, client, duration, connections, depth)
+              depth: int = PREFETCH_DEPTH, path_memory: Path | None = None) -> None:
+    if client == "naive":
+        result = _naive_load(host, port, duration)
+    else:
+        result = _fabric_load(host, port, "bbr" if client == RESUMED else client, duration,
+                              connections, depth, path_memory)
     print(json.dumps(result), flush=True)
 
 
 def _fabric_load(host: str, port: int, congestion: str, duration: float,
-                 connections: int, depth: int) -> dict[str, Any]:
+                 connections: int, depth: int, path_memory: Path | None) -> dict[str, Any]:
     result: dict[str, Any] = {}
     keep_freed_buffers()  # as `neuralcache mount` does
 
     async def main() -> None:
         client = HubClient(host, port, congestion=congestion, connections=connections,
-                           connect_timeout=30.0, attempt_timeout=60.0)
+                           connect_timeout=30.0, attempt_timeout=60.0, path_memory=path_memory)
         async with trio.open_nursery() as nursery:
             await nursery.start(client.run)
             entry = next(e for e in await client.metadata(timeout=60) if e.path == EXPORT_FILE)
@@ -190,11 +204,24 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
             load = _FabricLoad(client, entry)
             await load.run(duration, depth)
             result.update(delivered=load.delivered, demand=load.demand, model=load.model,
-                          cpu_seconds=time.process_time() - cpu_start)
+                          cpu_seconds=time.process_time() - cpu_start,
+                          resume=_resume_outcome())
             nursery.cancel_scope.cancel()
 
     trio.run(main)
     return result
+
+
+def _resume_outcome() -> str | None:
+    """How the client used its path record (``neuralcache_fabric_path_resumes_total``), or
+    None if it had none."""
+    from fabric.metrics import FABRIC_PATH_RESUMES
+
+    for metric in FABRIC_PATH_RESUMES.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total") and sample.value:
+                return str(sample.labels["outcome"])
+    return None
 
 
 class _FabricLoad:
@@ -278,8 +305,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _naive_load(host: str, port: int, client: str, duration: float,
-                connections: int, depth: int) -> dict[str, Any]:
+def _naive_load(host: str, port: int, duration: float) -> dict[str, Any]:
     """One blocking TCP connection, one 4 KiB block per request; a due demand read goes next."""
     from fabric.checksum import bad_blocks
     from fabric.protocol import (PROTOCOL_VERSION, FrameDecoder, Hello, MetaReply, MetaRequest,
@@ -474,14 +500,19 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
     from bench.wan import LinkSpec, WanLink
 
     rows = []
-    with WanLink(LinkSpec(rtt=link.rtt, rate_bps=link.rate_bps, loss=link.loss, seed=1)) as wan:
+    with WanLink(LinkSpec(rtt=link.rtt, rate_bps=link.rate_bps, loss=link.loss, seed=1)) as wan, \
+            tempfile.TemporaryDirectory(prefix="nc-path-") as records:
         configure_node(wan)
         for client in clients:
             hub_cmd = wan.command("hub", _python("hub", "--export", str(export), "--listen",
                                                  f"{wan.hub_addr}:{HUB_PORT}"))
+            record = Path(records, PATH_RECORD)
+            if client == "bbr":  # first contact: learn the path afresh, keep what it learnt
+                record.unlink(missing_ok=True)
             load_cmd = wan.command("spoke", _python(
                 "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
-                "--duration", str(duration), "--connections", str(connections)))
+                "--duration", str(duration), "--connections", str(connections),
+                "--path-memory", str(record)))
             dropped = _tail_drops(wan.stats())
             hub_tcp = _hub_tcp(wan.hub_ns)
             # The queue's waits after start-up, as the demand latencies are: counters taken
@@ -502,7 +533,10 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
                 result["queue_wait_ms"] = list(map(
                     operator.sub, _queue_waits(result["wire"]), _queue_waits(at_startup[0])))
             _save(save, f"{link.rtt * 1000:.0f}ms-{link.loss:g}-{client}", result)
-            row = summarize(link.label, client, link.rate_bps / 8, link.rtt, duration, result)
+            label = client
+            if client == RESUMED and result.get("resume") != "resumed":
+                label += f" (not resumed: {result.get('resume') or 'no record'})"
+            row = summarize(link.label, label, link.rate_bps / 8, link.rtt, duration, result)
             print(format_row(row), file=sys.stderr, flush=True)
             print("  hub TCP: " + ", ".join(f"{name.partition(':')[2]} {value:,}"
                                             for name, value in result["hub_tcp"].items()),
@@ -618,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--connections", type=int, default=4)
     load.add_argument("--depth", type=int, default=PREFETCH_DEPTH,
                       help="prefetch reads outstanding (0: demand reads only)")
+    load.add_argument("--path-memory", type=Path, default=None,
+                      help="the client's path record (fabric.path_memory)")
     source = sub.add_parser("tcp-source", help="(internal) the plain-TCP ceiling's sender")
     source.add_argument("--listen", required=True)
     sink = sub.add_parser("tcp-sink", help="(internal) the plain-TCP ceiling's receiver, "
@@ -636,13 +672,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save", type=Path, default=None,
                         help="directory to keep each run's raw JSON (timelines, model samples)")
     args = parser.parse_args(argv)
+    if (args.cmd is None and RESUMED in args.clients
+            and "bbr" not in args.clients[:args.clients.index(RESUMED)]):
+        parser.error(f"{RESUMED} resumes from the record the bbr run before it keeps: "
+                     f"list bbr before it in --clients")
     if args.cmd == "hub":
         host, _, port = args.listen.rpartition(":")
         hub_main(args.export, host, int(port))
         return 0
     if args.cmd == "load":
         host, _, port = args.hub.rpartition(":")
-        load_main(host, int(port), args.client, args.duration, args.connections, args.depth)
+        load_main(host, int(port), args.client, args.duration, args.connections, args.depth,
+                  args.path_memory)
         return 0
     if args.cmd == "tcp-source":
         host, _, port = args.listen.rpartition(":")
@@ -664,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_link(LINKS[i], args.clients, duration, args.connections, export,
                              args.save)
     if not args.no_loopback:
-        loop_clients = [c for c in args.clients if c != "naive"] or ["bbr"]
+        loop_clients = [c for c in args.clients if c not in ("naive", RESUMED)] or ["bbr"]
         rows += run_loopback(loop_clients, min(duration, LOOPBACK_SECONDS), args.connections,
                              export, args.save)
     print(HEADER)
