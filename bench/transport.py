@@ -99,7 +99,9 @@ docs/transport.md: a fresh connection's first flight may be 1.5 MB instead of 14
 hub's kernel sends is still only what the spoke's controller asked for; the window only stops
 the kernel from being the limit. A controller resumed on the 900 ms path (``bbr-resumed``)
 asks for half its 11 MB BDP at once, ~1.4 MB per bulk connection, which 128 packets
-(185 KB) would spread over four more round trips (docs/transport.md, "Careful resume")."""
+(185 KB) would spread over four more round trips: at 128 resuming gained nothing, at 1024 both
+the first contact and the resumed run used more of that link (docs/transport.md, "Careful
+resume, and a full run with it")."""
 
 
 def configure_node(wan: Any) -> None:
