@@ -1,6 +1,6 @@
 """Measure the hub->spoke data path over emulated WAN links: the table of docs/transport.md.
 
-    .venv/bin/python -m bench.transport            # 3 links x 4 clients x 60 s + loopback, ~16 min
+    .venv/bin/python -m bench.transport            # 3 links x 4 clients x 60 s + loopback, ~15 min
     .venv/bin/python -m bench.transport --quick    # 15 s transfers, for development
 
 For each link (``bench.wan``: namespaces, TUN devices, a shaping forwarder) and each client, a
@@ -511,10 +511,10 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
             record = Path(records, PATH_RECORD)
             if client == "bbr":  # first contact: learn the path afresh, keep what it learnt
                 record.unlink(missing_ok=True)
+            keep = ["--path-memory", str(record)] if client in ("bbr", RESUMED) else []
             load_cmd = wan.command("spoke", _python(
                 "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
-                "--duration", str(duration), "--connections", str(connections),
-                "--path-memory", str(record)))
+                "--duration", str(duration), "--connections", str(connections), *keep))
             dropped = _tail_drops(wan.stats())
             hub_tcp = _hub_tcp(wan.hub_ns)
             # The queue's waits after start-up, as the demand latencies are: counters taken

@@ -147,7 +147,8 @@ would stay for ``BW_FILTER_ROUNDS`` (10) round trips, 9 s at 900 ms."""
 RESUME_REACHED = 0.9
 """A resumed STARTUP ends once samples reach this share of the remembered bandwidth: the path
 is known to carry that much, and three more rounds at 2.9x to find the plateau only fill the
-bottleneck queue (at 900 ms, 3-5 s of tail drops and round trips grown to 2-3 s)."""
+bottleneck queue (at 900 ms they took 3-5 s, docs/transport.md "Start-up at 900 ms"; resumed
+runs reached PROBE_BW 5-11 s before first contacts beside them, with a third of the drops)."""
 
 PACING_MARGIN = 0.01
 """Pace 1 % below the estimate so the bottleneck queue drains on average."""
