@@ -343,7 +343,8 @@ LONG_LINK = LinkConfig(rate=LONG_RATE, rtt=LONG_RTT, loss=0.01)
 
 def test_a_resumed_flow_fills_a_long_path_in_a_few_round_trips():
     """Careful resume on the simulated 900 ms / 1 % path: from half the remembered rate the
-    link is full within two round trips, where STARTUP from the initial window takes five."""
+    link is full from the second round trip on, where STARTUP from the initial window has used
+    at most 60 % of it up to the sixth."""
     cold = simulate(LONG_LINK, [FlowSpec(BBR(seed=1))], 20.0, seed=1)
     resumed_cc = BBR(seed=1)
     assert resumed_cc.resume(0.0, LONG_RATE, LONG_RTT)
@@ -359,7 +360,7 @@ def test_a_resumed_flow_fills_a_long_path_in_a_few_round_trips():
 
 def test_a_stale_record_gives_way_to_the_path_s_own_samples():
     """Resumed from four times the link's rate (a path slower than remembered): within a few
-    rounds the estimate is the link's, and the overshoot is no worse than STARTUP's own."""
+    rounds the estimate is the link's, and the overshoot about STARTUP's own."""
     cc = BBR(seed=1)
     assert cc.resume(0.0, 4 * RATE, RTT)
     assert cc.btl_bw == pytest.approx(2 * RATE)  # RESUME_SHARE of it, until samples say more
