@@ -395,7 +395,6 @@ class HubClient:
         self._path_memory = path_memory  # the path's kept model (fabric.path_memory), if any
         self._remember_period = remember_period
         self._kept: PathRecord | None = None  # read from path_memory; used up by the first link
-        self._resume_checked = False
 
     # -- public ----------------------------------------------------------------------------
 
@@ -909,9 +908,7 @@ class HubClient:
         return _Connection(stream, reader, role, hello_rtt)
 
     async def _serve(self, conn: _Connection) -> None:
-        if not self._resume_checked:
-            self._resume_checked = True
-            self._resume(conn.hello_rtt)
+        self._resume(conn.hello_rtt)  # only the first connection finds a record left
         self._conns.append(conn)
         self._links_changed()
         try:
@@ -965,7 +962,8 @@ class HubClient:
         kept, self._kept = self._kept, None
         if kept is None:
             return
-        outcome = kept.matches(self._hub_name, self._pipe.stats().name, hello_rtt, time.time())
+        outcome = kept.matches(self._hub_name, self._pipe.controller.name, hello_rtt,
+                               time.time())
         if outcome is None:
             resumed = self._pipe.resume(trio.current_time(), kept.btl_bw, hello_rtt)
             outcome = "resumed" if resumed else "not_resumable"
@@ -986,7 +984,7 @@ class HubClient:
             btl_bw = self._pipe.path_bandwidth()
             if btl_bw is None or not self._conns:
                 continue
-            record = PathRecord(hub=self._hub_name, controller=self._pipe.stats().name,
+            record = PathRecord(hub=self._hub_name, controller=self._pipe.controller.name,
                                 btl_bw=btl_bw, hello_rtt=min(c.hello_rtt for c in self._conns),
                                 saved_at=time.time())
             try:
