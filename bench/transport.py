@@ -26,7 +26,8 @@ waited in that queue after start-up (p50 and p99, as the upper bounds of the emu
 histogram buckets) show whether the pacing overfills the bottleneck, and how much of a demand
 read's latency is that queue. Under each emulated row, the hub kernel's retransmission
 timeouts, tail loss probes, spurious timeouts and resent segments over that run
-(``HUB_TCP_COUNTERS``). The loopback rows run hub and spoke on 127.0.0.1 with no emulation,
+(``HUB_TCP_COUNTERS``), and how long its bulk connections' BBR spent in PROBE_RTT
+(``bench.kernel_probes``). The loopback rows run hub and spoke on 127.0.0.1 with no emulation,
 after a row of plain TCP over the same number of connections (``bench.tcp_ceiling``): what
 this machine moves over loopback between two Python processes doing nothing else, the ceiling
 of the fabric's loopback rows; the fabric's rows read the export from the page cache
@@ -56,6 +57,7 @@ from typing import Any
 import trio
 
 from bench import proc_cpu, tcp_ceiling
+from bench.kernel_probes import ProbeSampler
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
 from fabric.client import HubClient, HubUnavailable
@@ -523,10 +525,14 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
             timer = threading.Timer(max(MIN_STARTUP, STARTUP_RTTS * link.rtt),
                                     lambda: at_startup.append(wan.stats()))
             timer.start()
+            probes = ProbeSampler(wan.hub_ns)
+            probes.start()
             try:
                 result = _run_pair(hub_cmd, load_cmd, duration)
             finally:
                 timer.cancel()
+                probe_summary = probes.stop()
+            result["kernel_probes"] = dataclasses.asdict(probe_summary)
             result["wire"] = wan.stats()  # the link's counters so far, every client's
             result["tail_drops"] = _tail_drops(result["wire"]) - dropped
             result["hub_tcp"] = {name: value - hub_tcp[name]
@@ -543,6 +549,7 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
             print("  hub TCP: " + ", ".join(f"{name.partition(':')[2]} {value:,}"
                                             for name, value in result["hub_tcp"].items()),
                   file=sys.stderr, flush=True)
+            print("  " + probe_summary.line(), file=sys.stderr, flush=True)
             rows.append(row)
     return rows
 

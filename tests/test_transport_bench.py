@@ -9,6 +9,7 @@ from typing import Iterator
 import pytest
 
 from bench import tcp_ceiling
+from bench.kernel_probes import ProbeSummary, probing
 from bench.transport import parse_mib
 
 NETSTAT = """TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes
@@ -60,3 +61,29 @@ def test_the_plain_tcp_ceiling_fails_when_its_source_goes_away(tcp_source):
     threading.Timer(0.3, proc.kill).start()
     with pytest.raises(OSError):
         tcp_ceiling.receive("127.0.0.1", port, duration=5.0, connections=2)
+
+
+# ``ss -tinH state established`` in a hub namespace during a 900 ms run (trimmed): a bulk
+# connection in PROBE_RTT, one that is not, and a demand connection (CUBIC).
+SS_OUTPUT = """\
+0      17593107    198.18.0.1:7070   198.18.0.2:37346
+\t bbr wscale:12,12 rto:2208 rtt:1588.45/15.728 mss:1448 cwnd:4 bytes_acked:18485690 \
+bbr:(bw:35659504bps,mrtt:1602.51,pacing_gain:1,cwnd_gain:1) send 29171bps
+0      8123456     198.18.0.1:7070   198.18.0.2:37330
+\t bbr wscale:12,12 rto:2072 rtt:1200.1/20.2 mss:1448 cwnd:8721 bytes_acked:9485690 \
+bbr:(bw:25659504bps,mrtt:899,pacing_gain:2.88672,cwnd_gain:2.88672) send 84171bps
+0      0           198.18.0.1:7070   198.18.0.2:37288
+\t cubic wscale:12,12 rto:2700 rtt:899.373/449.686 mss:1448 cwnd:3 bytes_sent:52
+"""
+
+
+def test_probing_counts_bbr_connections_and_those_at_probe_rtt_s_window():
+    assert probing(SS_OUTPUT) == (2, 1)
+    assert probing("") == (0, 0)
+
+
+def test_probe_summary_counts_seconds_with_any_and_with_every_connection_probing():
+    counts = [(0, 0), (4, 0), (4, 1), (4, 4), (4, 4), (3, 2)]
+    summary = ProbeSummary.of(counts, period=0.5)
+    assert summary == ProbeSummary(samples=6, any_seconds=2.0, all_seconds=1.0, most_at_once=4)
+    assert "1.0 s with all of them" in summary.line()
