@@ -12,8 +12,9 @@ connections have two roles:
   the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
   kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
   segment's stall and release would read to the controller as a burst of bandwidth. The
-  hub's kernel paces their replies at most at a cap the spoke sends with the requests
-  (``PacingLimit``, ``transport.reply_pacing``), so its own TCP does not burst them.
+  hub's kernel paces their replies at most at a cap the spoke sends with the requests, each
+  connection a share of it (``PacingLimit``, ``transport.reply_pacing``), so its own TCP does
+  not burst them.
 * **demand** (``demand_connections``, grown on need up to ``MAX_DEMAND_CONNECTIONS``): demand
   reads skip the prefetch queue and the pacer and go out at once on a connection that carries
   no prefetch, so a demand reply never waits behind megabytes of prefetch replies in one TCP
@@ -674,7 +675,8 @@ class HubClient:
             conn.arrivals.expect(sent.req_id, expected)
         if conn.role == BULK:
             stats = self._pipe.stats()
-            limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt)
+            bulk = sum(c.role == BULK and not c.closed for c in self._conns)
+            limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt, bulk)
             if limit != conn.pacing_limit:
                 conn.pacing_limit = limit
                 frame = encode(PacingLimit(limit)) + frame

@@ -9,8 +9,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric.transport.reply_pacing import (CYCLE_ROUND_TRIPS, MARGIN, MIN_WINDOW, STEP,
-                                           ReplyPacing)
+from fabric.transport.reply_pacing import (CYCLE_ROUND_TRIPS, MARGIN, MIN_WINDOW, SHARE,
+                                           SHARE_MIN_RTT, STEP, ReplyPacing)
 from fabric.transport.tcp import UNLIMITED_PACING, limit_pacing
 
 RATE = 24e6  # bytes/s: a 200 Mbit/s link's payload
@@ -87,6 +87,21 @@ def test_the_cap_is_the_window_max_with_its_margin_rounded_up_a_step(
         highest = max(r for _, r in alive) * MARGIN
         assert highest * (1 - 1e-9) <= cap <= math.ceil(highest * STEP * (1 + 1e-9))
         assert cap == math.ceil(STEP ** round(math.log(cap, STEP)))
+
+
+def test_each_of_several_connections_gets_twice_its_share_of_the_cap() -> None:
+    """Four bulk connections may together send twice the spoke's cap, none of them alone more
+    than half of it; one or two connections each get the whole cap, never more."""
+    whole = ReplyPacing().limit(0.0, RATE, 0.06)
+    for connections, share in ((0, 1.0), (1, 1.0), (2, 1.0), (4, SHARE / 4), (8, SHARE / 8)):
+        cap = ReplyPacing().limit(0.0, RATE, 0.06, connections)
+        assert share * RATE * MARGIN <= cap < share * RATE * MARGIN * STEP
+        assert cap <= whole
+
+
+def test_on_a_very_short_path_each_connection_gets_the_whole_cap() -> None:
+    rtt = SHARE_MIN_RTT / 10
+    assert ReplyPacing().limit(0.0, RATE, rtt, 4) == ReplyPacing().limit(0.0, RATE, rtt, 1)
 
 
 def test_a_cap_for_a_stream_that_is_not_a_socket_is_left_unset() -> None:

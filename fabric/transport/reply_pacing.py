@@ -13,7 +13,15 @@ bottleneck's rate and queue there, in front of the demand replies.
 rate its controller paced at over the last BBR gain cycle (at least ``MIN_WINDOW``; the cycle
 is eight round trips), times ``MARGIN``. Kept over the cycle, the cap does not dip and rise
 with each phase, and it lets through the 1.25 probing phase; it follows start-up as it grows.
-It is rounded up to a power of ``STEP`` so that small changes send nothing."""
+It is rounded up to a power of ``STEP`` so that small changes send nothing.
+
+On a path of ``SHARE_MIN_RTT`` or more, each connection gets ``SHARE`` times its even share of
+that cap (at most all of it), not the whole: together they may still send at twice the
+spoke's rate, so when one of them stalls (its kernel's PROBE_RTT holds it at 4 segments for
+about two round trips every 10 s, or it repairs a loss) the others take its share; but when it
+resumes, the backlog it kept cannot leave at the whole path's rate on top of everyone else's
+replies, which overflowed the bottleneck's queue
+(docs/transport.md, "The hub kernel's PROBE_RTT, and a share of the cap per connection")."""
 
 from __future__ import annotations
 
@@ -32,6 +40,16 @@ MARGIN = 1.1
 """The cap over that rate: the kernel paces wire bytes (headers, resent segments), the
 controller payload."""
 
+SHARE = 2.0
+"""Each of N bulk connections is capped at ``SHARE / N`` of the spoke's cap (at most 1): room
+for the others to carry a stalled connection's share, not for one to burst at the whole
+path's rate."""
+
+SHARE_MIN_RTT = 0.005
+"""Round trip (s) below which each connection gets the whole cap: on such a path the kernel's
+PROBE_RTT costs 200 ms in 10 s and a connection's backlog is a few milliseconds of data, and
+on loopback shares measured less throughput (docs/transport.md, same section)."""
+
 STEP = 2 ** (1 / 8)
 """Caps are powers of this (~9 % apart), so the cap changes only when the rate moves by a step."""
 
@@ -46,10 +64,11 @@ class ReplyPacing:
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque()  # (time, rate), rates decreasing
 
-    def limit(self, now: float, pacing_rate: float, min_rtt: float) -> int:
-        """Bytes/s the hub should pace this spoke's bulk replies at most; ``min_rtt`` may be
-        inf before the first sample. No cap (``UNLIMITED_PACING``) while the controller has no
-        rate to give: a cap of nothing would stop the replies its next rate depends on."""
+    def limit(self, now: float, pacing_rate: float, min_rtt: float, connections: int = 1) -> int:
+        """Bytes/s the hub should pace the replies of each of this spoke's ``connections``
+        bulk connections at most; ``min_rtt`` may be inf before the first sample. No cap
+        (``UNLIMITED_PACING``) while the controller has no rate to give: a cap of nothing would
+        stop the replies its next rate depends on."""
         while self._recent and self._recent[-1][1] <= pacing_rate:
             self._recent.pop()
         self._recent.append((now, pacing_rate))
@@ -58,6 +77,8 @@ class ReplyPacing:
         while self._recent[0][0] < now - window:
             self._recent.popleft()
         highest = self._recent[0][1] * MARGIN
+        if min_rtt >= SHARE_MIN_RTT:  # before its first sample (inf), a path counts as long
+            highest *= min(1.0, SHARE / max(1, connections))
         if not (math.isfinite(highest) and highest >= 1):
             return UNLIMITED_PACING
         return math.ceil(STEP ** math.ceil(math.log(highest, STEP)))
