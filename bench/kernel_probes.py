@@ -40,7 +40,7 @@ def probing(ss_output: str) -> tuple[int, int]:
 @dataclass(frozen=True)
 class ProbeSummary:
     """A run's samples: seconds (samples times the period) with any and with every BBR
-    connection at PROBE_RTT's window, and the most at once."""
+    connection in PROBE_RTT, and the most in it at once."""
 
     samples: int
     any_seconds: float

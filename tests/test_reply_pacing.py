@@ -92,16 +92,17 @@ def test_the_cap_is_the_window_max_with_its_margin_rounded_up_a_step(
 def test_each_of_several_connections_gets_twice_its_share_of_the_cap() -> None:
     """Four bulk connections may together send twice the spoke's cap, none of them alone more
     than half of it; one or two connections each get the whole cap, never more."""
-    whole = ReplyPacing().limit(0.0, RATE, 0.06)
+    rtt = 0.9
+    whole = ReplyPacing().limit(0.0, RATE, rtt)
     for connections, share in ((0, 1.0), (1, 1.0), (2, 1.0), (4, SHARE / 4), (8, SHARE / 8)):
-        cap = ReplyPacing().limit(0.0, RATE, 0.06, connections)
+        cap = ReplyPacing().limit(0.0, RATE, rtt, connections)
         assert share * RATE * MARGIN <= cap < share * RATE * MARGIN * STEP
         assert cap <= whole
 
 
-def test_on_a_very_short_path_each_connection_gets_the_whole_cap() -> None:
-    rtt = SHARE_MIN_RTT / 10
-    assert ReplyPacing().limit(0.0, RATE, rtt, 4) == ReplyPacing().limit(0.0, RATE, rtt, 1)
+def test_on_a_shorter_path_each_connection_gets_the_whole_cap() -> None:
+    for rtt in (SHARE_MIN_RTT / 100, SHARE_MIN_RTT / 2):
+        assert ReplyPacing().limit(0.0, RATE, rtt, 4) == ReplyPacing().limit(0.0, RATE, rtt, 1)
 
 
 def test_a_cap_for_a_stream_that_is_not_a_socket_is_left_unset() -> None:

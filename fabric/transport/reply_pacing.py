@@ -45,10 +45,12 @@ SHARE = 2.0
 for the others to carry a stalled connection's share, not for one to burst at the whole
 path's rate."""
 
-SHARE_MIN_RTT = 0.005
-"""Round trip (s) below which each connection gets the whole cap: on such a path the kernel's
-PROBE_RTT costs 200 ms in 10 s and a connection's backlog is a few milliseconds of data, and
-on loopback shares measured less throughput (docs/transport.md, same section)."""
+SHARE_MIN_RTT = 0.2
+"""Round trip (s) below which each connection gets the whole cap. On a long path a stall is
+long (the kernel's PROBE_RTT: two round trips, 1.8 s at 900 ms) and so is the backlog it
+releases; there shares halved the bottleneck's overflows (docs/transport.md, "The hub kernel's
+PROBE_RTT, and a share of the cap per connection"). At 60 ms they cost a mount's cold start a
+point or two, and on loopback throughput; paths in between were not measured."""
 
 STEP = 2 ** (1 / 8)
 """Caps are powers of this (~9 % apart), so the cap changes only when the rate moves by a step."""
@@ -77,7 +79,7 @@ class ReplyPacing:
         while self._recent[0][0] < now - window:
             self._recent.popleft()
         highest = self._recent[0][1] * MARGIN
-        if min_rtt >= SHARE_MIN_RTT:  # before its first sample (inf), a path counts as long
+        if math.isfinite(min_rtt) and min_rtt >= SHARE_MIN_RTT:
             highest *= min(1.0, SHARE / max(1, connections))
         if not (math.isfinite(highest) and highest >= 1):
             return UNLIMITED_PACING
