@@ -48,9 +48,9 @@ path's rate."""
 SHARE_MIN_RTT = 0.2
 """Round trip (s) below which each connection gets the whole cap. On a long path a stall is
 long (the kernel's PROBE_RTT: two round trips, 1.8 s at 900 ms) and so is the backlog it
-releases; there shares halved the bottleneck's overflows (docs/transport.md, "The hub kernel's
-PROBE_RTT, and a share of the cap per connection"). At 60 ms they cost a mount's cold start a
-point or two, and on loopback throughput; paths in between were not measured."""
+releases; there shares cut the bottleneck's overflows by two fifths (docs/transport.md, "The
+hub kernel's PROBE_RTT, and a share of the cap per connection"). At 60 ms they cost a mount's
+cold start a point or two, and on loopback throughput; paths in between were not measured."""
 
 STEP = 2 ** (1 / 8)
 """Caps are powers of this (~9 % apart), so the cap changes only when the rate moves by a step."""
