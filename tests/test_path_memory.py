@@ -79,6 +79,10 @@ def test_short_paths_match_within_the_slack() -> None:
 BLOCKS = 3000
 READERS = 8
 READ_BLOCKS = BLOCKS // READERS
+PREFETCH_BUDGET = 60.0
+"""Seconds a client may prefetch before what it waits for happens. On loopback BBR's STARTUP
+ends (and the record is kept) when its delivery samples stop growing, which is timing: 1.4-8.2 s
+alone and under two busy loops here, once over 20 s in a full CI run (3 Dec, session 30)."""
 
 
 @pytest.fixture
@@ -102,7 +106,7 @@ async def _prefetch_until(client: HubClient, root: Path, done: Callable[[], bool
                                     deadline=trio.current_time() + 10, priority="prefetch")
             assert got == want[first * BLOCK_SIZE:(first + READ_BLOCKS) * BLOCK_SIZE]
 
-    with trio.fail_after(20):
+    with trio.fail_after(PREFETCH_BUDGET):
         async with trio.open_nursery() as nursery:
             for i in range(READERS):
                 nursery.start_soon(reader, i * READ_BLOCKS)
