@@ -675,7 +675,7 @@ class HubClient:
             conn.arrivals.expect(sent.req_id, expected)
         if conn.role == BULK:
             stats = self._pipe.stats()
-            bulk = sum(c.role == BULK and not c.closed for c in self._conns)
+            bulk = sum(c.role == BULK for c in self._conns)  # live ones: closing removes
             limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt, bulk)
             if limit != conn.pacing_limit:
                 conn.pacing_limit = limit
