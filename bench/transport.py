@@ -9,9 +9,10 @@ the pipe full of prefetch reads (``PREFETCH_DEPTH`` reads of 4 MiB outstanding, 
 through a synthetic export file) while a separate task issues a demand read of one random
 block every ``DEMAND_INTERVAL`` and records its latency. Clients:
 
-* ``bbr`` / ``cubic``: ``fabric.client.HubClient`` with that congestion controller (the kernel
-  TCP under its bulk connections is BBR in both cases, under its demand connections CUBIC;
-  both ends set it, by the role the hello gives);
+* ``bbr`` / ``cubic``: ``fabric.client.HubClient`` with that congestion controller (the hub's
+  kernel TCP under its bulk connections is ``nc_paced``, which follows the client's pacing
+  alone, or ``bbr`` where it cannot be loaded, as ``neuralcache hub`` chooses it; under its
+  demand connections CUBIC);
 * ``bbr-resumed``: ``bbr`` again on the same link, started from the path record the ``bbr``
   run before it kept (``fabric.path_memory``: careful resume, as a spoke remounting over its
   cache does); the ``bbr`` row itself always starts without one;
@@ -26,13 +27,13 @@ waited in that queue after start-up (p50 and p99, as the upper bounds of the emu
 histogram buckets) show whether the pacing overfills the bottleneck, and how much of a demand
 read's latency is that queue. Under each emulated row, the hub kernel's retransmission
 timeouts, tail loss probes, spurious timeouts and resent segments over that run
-(``HUB_TCP_COUNTERS``), and how long its bulk connections' BBR spent in PROBE_RTT
-(``bench.kernel_probes``). The loopback rows run hub and spoke on 127.0.0.1 with no emulation,
-after a row of plain TCP over the same number of connections (``bench.tcp_ceiling``): what
-this machine moves over loopback between two Python processes doing nothing else, the ceiling
-of the fabric's loopback rows; the fabric's rows read the export from the page cache
-(``cache_export``). Root is needed for the namespaces. The export file is sparse, under
-/var/tmp.
+(``HUB_TCP_COUNTERS``), how long its bulk connections' kernel BBR spent in PROBE_RTT
+(``bench.kernel_probes``; none under ``nc_paced``) and which control they ran. The loopback
+rows run hub and spoke on 127.0.0.1 with no emulation, after a row of plain TCP over the same
+number of connections (``bench.tcp_ceiling``): what this machine moves over loopback between
+two Python processes doing nothing else, the ceiling of the fabric's loopback rows; the
+fabric's rows read the export from the page cache (``cache_export``). Root is needed for the
+namespaces. The export file is sparse, under /var/tmp.
 """
 
 from __future__ import annotations
@@ -169,14 +170,16 @@ def cache_export(export: Path) -> None:
 def hub_main(export: str, host: str, port: int) -> None:
     from fabric.export import Export
     from fabric.hub import HubServer
+    from fabric.transport import kernel_cc
 
     keep_freed_buffers()  # as `neuralcache hub` does
+    congestion = kernel_cc.bulk_congestion(kernel_cc.AUTO)  # as `neuralcache hub` does
 
     async def main() -> None:
-        server = HubServer(Export(export))
+        server = HubServer(Export(export), tcp_congestion=congestion)
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(server.serve, host, port)
-            print(f"ready {listeners[0].socket.getsockname()[1]}", flush=True)
+            print(f"ready {listeners[0].socket.getsockname()[1]} {congestion}", flush=True)
 
     trio.run(main)
 
@@ -469,6 +472,8 @@ def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[
         if out.returncode != 0:
             raise RuntimeError(f"load process failed:\n{out.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+        if len(line.split()) > 2:  # the hub's "ready PORT CONGESTION"
+            result["hub_congestion"] = line.split()[2]
         result["hub_cpu_seconds"] = proc_cpu.cpu_seconds(hub.pid) - hub_cpu
         result["stolen"] = proc_cpu.stolen_share_since(stolen_mark)
         return result
@@ -550,6 +555,8 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
                                             for name, value in result["hub_tcp"].items()),
                   file=sys.stderr, flush=True)
             print("  " + probe_summary.line(), file=sys.stderr, flush=True)
+            print(f"  hub bulk connections' congestion control: "
+                  f"{result.get('hub_congestion', '?')}", file=sys.stderr, flush=True)
             rows.append(row)
     return rows
 

@@ -1,7 +1,8 @@
 """The spoke's link to the hub: a pool of TCP connections paced by one congestion controller.
 
-The kernel moves the bytes (several TCP connections, ``TCP_CONGESTION=bbr`` where offered on
-bulk ones, ``cubic`` on demand ones: ``transport.tcp.DEMAND_CONGESTION``);
+The kernel moves the bytes (several TCP connections; on bulk ones the hub runs ``nc_paced``,
+which only follows the pacing cap below, where it could load it, else ``bbr``:
+``transport.kernel_cc``; ``cubic`` on demand ones: ``transport.tcp.DEMAND_CONGESTION``);
 our controller (``fabric.congestion``, ``bbr`` or ``cubic``) decides how many reply bytes may be
 outstanding and when the next prefetch request may leave (``transport.request_pipe``). The
 connections have two roles:

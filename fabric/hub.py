@@ -123,6 +123,8 @@ class HubServer:
         self.export = export
         self._max_outstanding = max_outstanding
         self._tcp_congestion = tcp_congestion
+        hub_metrics.HUB_BULK_CONGESTION.clear()
+        hub_metrics.HUB_BULK_CONGESTION.labels(tcp_congestion or "default").set(1)
         self._gate = _FairGate(read_slots)
         # One thread per read slot: a slot's read never waits for a thread. Long-lived, as a
         # small read from the disk is mostly the hand-off (``python -m bench.hub_cpu``).

@@ -51,3 +51,7 @@ HUB_RETRANSMITTED_BYTES = _served(Counter(
     "neuralcache_hub_retransmitted_bytes_total",
     "Bytes the hub's TCP sent again after a loss on its spoke connections (tcpi_bytes_retrans); "
     "over neuralcache_hub_sent_bytes_total it is the paths' loss rate."))
+HUB_BULK_CONGESTION = _served(Gauge(
+    "neuralcache_hub_bulk_congestion_control",
+    "1 for the TCP congestion control the hub's bulk connections run (nc_paced where it could "
+    "be loaded: it only follows the spokes' pacing).", ["name"]))

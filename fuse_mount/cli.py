@@ -1,4 +1,4 @@
-"""The ``neuralcache`` command: hub, mount, umount, demo."""
+"""The ``neuralcache`` command: hub, kernel-cc, mount, umount, demo and the rest."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from fabric.client import HubUnavailable
 from fabric.export import Export
 from fabric.heap import keep_freed_buffers
 from fabric.metrics import serve_metrics
+from fabric.transport import kernel_cc
 
 from . import config, control_commands, sd_notify
 from .daemon import (DEFAULT_LINK_BANDWIDTH, DEFAULT_LINK_RTT, MountError, SpokeConfig,
@@ -56,13 +57,14 @@ def _setup_logging(level: str) -> None:
 
 # --- hub -------------------------------------------------------------------------------------
 
-async def _run_hub(export: Export, host: str, port: int, metrics_port: int | None) -> None:
+async def _run_hub(export: Export, host: str, port: int, metrics_port: int | None,
+                   tcp_congestion: str) -> None:
     # Imported here so a spoke does not register hub metrics.
     from fabric.hub import HubServer
     from fabric.hub_metrics import REGISTRY
     if metrics_port is not None:
         serve_metrics(metrics_port, host, REGISTRY)
-    server = HubServer(export)
+    server = HubServer(export, tcp_congestion=tcp_congestion)
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(server.serve, host, port)
         bound = listeners[0].socket.getsockname()
@@ -73,12 +75,28 @@ async def _run_hub(export: Export, host: str, port: int, metrics_port: int | Non
 def cmd_hub(args: argparse.Namespace) -> int:
     host, port = args.listen
     keep_freed_buffers()
+    try:
+        bulk_congestion = kernel_cc.bulk_congestion(args.tcp_congestion)
+    except kernel_cc.KernelCCError as exc:
+        print(f"neuralcache hub: cannot load {kernel_cc.NAME}: {exc}", file=sys.stderr)
+        return 1
+    log.info("hub: bulk connections run TCP congestion control %s", bulk_congestion)
     export = Export(args.export)
     started = time.monotonic()
     entries = export.scan()  # reads are served by file id, so know the files before listening
     log.info("hub: scanned %d entries of %s in %.1f s", len(entries), export.root,
              time.monotonic() - started)
-    trio.run(_run_hub, export, host, port, args.metrics_port)
+    trio.run(_run_hub, export, host, port, args.metrics_port, bulk_congestion)
+    return 0
+
+
+def cmd_kernel_cc(args: argparse.Namespace) -> int:
+    try:
+        kernel_cc.load()
+    except kernel_cc.KernelCCError as exc:
+        print(f"neuralcache kernel-cc: cannot load {kernel_cc.NAME}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{kernel_cc.NAME} is loaded; hubs (of any user) may use it", flush=True)
     return 0
 
 
@@ -207,7 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--listen", type=parse_hostport, default=("127.0.0.1", 7070),
                      help="HOST:PORT to listen on (port 0 picks a free one) [127.0.0.1:7070]")
     hub.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    hub.add_argument("--tcp-congestion", default=kernel_cc.AUTO,
+                     help=f"TCP congestion control of bulk connections: {kernel_cc.AUTO} "
+                          f"({kernel_cc.NAME}, which only follows the spoke's pacing, loaded "
+                          f"if it can be, else {kernel_cc.FALLBACK}), {kernel_cc.NAME} (fail "
+                          f"if it cannot be loaded) or a kernel name [{kernel_cc.AUTO}]")
     hub.set_defaults(func=cmd_hub)
+
+    kcc = sub.add_parser(
+        "kernel-cc",
+        help=f"load {kernel_cc.NAME}, the hub's kernel congestion control (as root, before a "
+             "hub that is not)")
+    kcc.set_defaults(func=cmd_kernel_cc)
 
     mount = sub.add_parser("mount", help="mount a hub's export through a local cache")
     mount.add_argument("mountpoint")

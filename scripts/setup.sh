@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-dev}"
-apt_packages=(fuse3 libfuse3-dev pkg-config iproute2 gcc python3-dev python3-venv systemd curl)
+apt_packages=(fuse3 libfuse3-dev pkg-config iproute2 gcc python3-dev python3-venv systemd curl
+              clang bpftool libbpf-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

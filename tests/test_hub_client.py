@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import re
 import socket
@@ -26,7 +27,7 @@ from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PRO
                              ErrorCode, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
                              MetaReply, MetaRequest, ReadManyReply, ReadReply, ReadRequest, Role,
                              Welcome, encode)
-from fabric.transport import tcp
+from fabric.transport import kernel_cc, tcp
 from fabric.transport.resend_rate import ResendRate
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, flip_reply, metric,
@@ -584,6 +585,35 @@ async def test_demand_connections_are_not_paced_at_either_end(export_dir: Path) 
                     assert spoke_side == tcp.DEMAND_CONGESTION
                 elif "bbr" in tcp.available_congestion_controls():
                     assert spoke_side == "bbr"
+        hub.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="loading nc_paced needs root")
+@trio_test
+async def test_a_hub_running_nc_paced_paces_bulk_replies_at_the_cap_and_demand_on_cubic(
+        export_dir: Path) -> None:
+    """Under ``nc_paced`` a bulk connection's replies go at the cap the spoke sent (the
+    kernel's pacing rate is the cap, not at most it); demand connections keep CUBIC."""
+    kernel_cc.load()
+    e = entry(export_dir, BIG)
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir, tcp_congestion=kernel_cc.NAME)
+        async with running_client(hub.port) as client:
+            await read_and_check(client, export_dir, BIG, 0, 8)
+            await client.read(e.file_id, e.version, 8, 200, priority="prefetch",
+                              deadline=trio.current_time() + 5.0)
+            hub_side = _hub_side_congestion(hub.port)
+            info = _hub_side_tcp_info(hub.port)
+            for conn in client._conns:
+                port = conn.stream.socket.getsockname()[1]
+                if conn.role == Role.DEMAND:
+                    assert hub_side[port] == tcp.DEMAND_CONGESTION
+                    continue
+                assert hub_side[port] == kernel_cc.NAME
+                if conn.pacing_limit is not None:
+                    rate, cap = re.search(r"pacing_rate (\S+)/(\S+)", info[port]).groups()
+                    assert rate == cap  # paced at the cap itself
+            assert any(c.pacing_limit is not None for c in client._conns)
         hub.stop()
 
 

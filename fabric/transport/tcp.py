@@ -1,8 +1,9 @@
 """TCP socket options for the fabric's connections.
 
 The kernel moves the bytes; what it needs from us is a congestion control that does not read
-random loss as congestion (``bbr`` where the kernel offers it: cubic collapses to ~1 % of a
-lossy long path, see docs/wan-emulator.md) and small requests sent without Nagle's delay.
+random loss as congestion (on the hub's bulk connections ``nc_paced``, which follows our pacing
+alone, ``kernel_cc``; ``bbr`` where that cannot be loaded: cubic collapses to ~1 % of a lossy
+long path, see docs/wan-emulator.md) and small requests sent without Nagle's delay.
 Buffers are left to autotuning: setting SO_RCVBUF/SO_SNDBUF switches autotuning off and caps
 the buffer at ``net.core.rmem_max``/``wmem_max``, whereas autotuning grows it to the
 ``tcp_rmem``/``tcp_wmem`` maximum, which is what a long path needs (docs/transport.md lists
