@@ -16,12 +16,13 @@ with each phase, and it lets through the 1.25 probing phase; it follows start-up
 It is rounded up to a power of ``STEP`` so that small changes send nothing.
 
 On a path of ``SHARE_MIN_RTT`` or more, each connection gets ``SHARE`` times its even share of
-that cap (at most all of it), not the whole: together they may still send at twice the
-spoke's rate, so when one of them stalls (its kernel's PROBE_RTT holds it at 4 segments for
-about two round trips every 10 s, or it repairs a loss) the others take its share; but when it
-resumes, the backlog it kept cannot leave at the whole path's rate on top of everyone else's
-replies, which overflowed the bottleneck's queue
-(docs/transport.md, "The hub kernel's PROBE_RTT, and a share of the cap per connection")."""
+that cap (at most all of it), not the whole: a connection that kept a backlog (behind a
+retransmission timeout, or the kernel BBR's PROBE_RTT where the hub runs ``bbr``) cannot
+release it at the whole path's rate on top of everyone else's replies, which overflowed the
+bottleneck's queue (docs/transport.md, "The hub kernel's PROBE_RTT, and a share of the cap per
+connection"). With ``nc_paced`` on the hub the cap is the rate each connection's replies leave
+at (``kernel_cc``), and an even share kept the queue shortest ("nc_paced: a kernel congestion
+control that follows our pacing")."""
 
 from __future__ import annotations
 
@@ -40,17 +41,19 @@ MARGIN = 1.1
 """The cap over that rate: the kernel paces wire bytes (headers, resent segments), the
 controller payload."""
 
-SHARE = 2.0
-"""Each of N bulk connections is capped at ``SHARE / N`` of the spoke's cap (at most 1): room
-for the others to carry a stalled connection's share, not for one to burst at the whole
-path's rate."""
+SHARE = 1.0
+"""Each of N bulk connections is capped at ``SHARE / N`` of the spoke's cap (at most 1). Under
+the kernel's BBR, 2 (room for the others to carry a connection stalled in PROBE_RTT) did better
+than the whole cap; under ``nc_paced``, which has no such stall, 1 did better than 2 (shorter
+queues, fewer drops, a lower demand tail at 900 ms)."""
 
 SHARE_MIN_RTT = 0.2
 """Round trip (s) below which each connection gets the whole cap. On a long path a stall is
-long (the kernel's PROBE_RTT: two round trips, 1.8 s at 900 ms) and so is the backlog it
-releases; there shares cut the bottleneck's overflows by two fifths (docs/transport.md, "The
-hub kernel's PROBE_RTT, and a share of the cap per connection"). At 60 ms they cost a mount's
-cold start a point or two, and on loopback throughput; paths in between were not measured."""
+long (a timeout, or the kernel BBR's PROBE_RTT: two round trips, 1.8 s at 900 ms) and so is the
+backlog it releases; there shares cut the bottleneck's overflows (docs/transport.md, "The hub
+kernel's PROBE_RTT, and a share of the cap per connection"). At 60 ms they cost a mount's cold
+start a point or two under the kernel's BBR, and on loopback throughput; paths in between were
+not measured."""
 
 STEP = 2 ** (1 / 8)
 """Caps are powers of this (~9 % apart), so the cap changes only when the rate moves by a step."""
