@@ -70,6 +70,23 @@ def test_one_multiplicative_decrease_per_recovery_period():
     assert cc.cwnd == int(before * BETA)
 
 
+def test_loss_tcp_repaired_below_is_a_congestion_event_once_per_round_trip():
+    """The hub's resend reports are loss the requests never show: CUBIC decreases on them, at
+    most once per smoothed RTT, and a report of nothing resent changes nothing."""
+    path = Rounds(Cubic(mss=MSS), RTT)
+    for _ in range(4):
+        path.round()
+    cwnd = path.cc.cwnd
+    path.cc.on_path_loss(path.now, 0)
+    assert path.cc.cwnd == cwnd
+    path.cc.on_path_loss(path.now, 1448)
+    assert path.cc.cwnd == int(cwnd * BETA) and path.cc.state == "recovery"
+    path.cc.on_path_loss(path.now + RTT / 2, 1448)  # within the round trip: the same event
+    assert path.cc.cwnd == int(cwnd * BETA)
+    path.cc.on_path_loss(path.now + 2 * RTT, 1448)  # a round trip later: a new one
+    assert path.cc.cwnd == int(int(cwnd * BETA) * BETA)
+
+
 def _cubic_plateau_time(w_max: float, cwnd: float) -> float:
     """RFC 8312's K: seconds from the decrease until the curve is back at w_max."""
     return ((w_max - cwnd) / C) ** (1 / 3)

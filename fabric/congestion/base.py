@@ -361,8 +361,8 @@ class SampledController:
         self.sampler.on_delivered(now, nbytes)
 
     def on_path_loss(self, now: float, nbytes: int) -> None:
-        """Loss repaired below the packets: only BBR's STARTUP exit uses it (BBR v1 and CUBIC
-        react to their own packets' loss, which this is not)."""
+        """Loss repaired below the packets: BBR's STARTUP exit uses it, CUBIC reads it as a
+        congestion event (BBR v1 reacts to its own packets' loss only)."""
 
     def on_path_arrivals(self, now: float, nbytes: int) -> None:
         """Bytes the receiver got off the path: they bound BBR's bandwidth samples."""

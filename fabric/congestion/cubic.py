@@ -83,6 +83,22 @@ class Cubic(SampledController):
         packet = self.sampler.on_lost(packet_id)
         if self._recovery_start is not None and packet.sent_time <= self._recovery_start:
             return  # same congestion event as the last decrease
+        self._decrease(now)
+
+    def on_path_loss(self, now: float, nbytes: int) -> None:
+        """TCP resent ``nbytes`` below the requests: to a loss-based control that is loss, and
+        the requests would never show it (TCP repairs it), so it is a congestion event here, at
+        most one per smoothed round trip. Without it, a hub whose kernel only follows the
+        spoke's pacing (``nc_paced``) was driven ever faster into an overflowing queue."""
+        if nbytes <= 0:
+            return
+        srtt = self.sampler.srtt if math.isfinite(self.sampler.srtt) else self.initial_rtt
+        if self._recovery_start is not None and now - self._recovery_start < srtt:
+            return  # same congestion event as the last decrease
+        self._decrease(now)
+
+    def _decrease(self, now: float) -> None:
+        """A congestion event: the multiplicative decrease, remembered as of ``now``."""
         self._recovery_start = now
         self._in_recovery = True
         cwnd_seg = self._cwnd / self.mss
