@@ -96,12 +96,9 @@ def test_a_connection_sends_at_its_cap_and_no_faster(nc_paced: str) -> None:
     assert info["cwnd"] == _window_for(cap, info)
 
 
-@needs_root
-@pytest.mark.netns
-def test_loss_does_not_shrink_the_window(nc_paced: str) -> None:
-    """1 % loss at 60 ms, a quarter of the link's rate: the kernel repairs losses, and the
-    window stays the cap's (reno's would halve at each)."""
-    cap, seconds = 1_500_000, 3.0
+def _send_over_a_lossy_link(cap: int | None, seconds: float) -> list[dict[str, int]]:
+    """Send under nc_paced (capped at ``cap``, or not capped) over 60 ms / 50 Mbit/s / 1 %
+    loss for ``seconds``; the sender's TCP_INFO every 50 ms."""
     stop = threading.Event()
     samples: list[dict[str, int]] = []
     with WanLink(LinkSpec(rtt=0.060, rate_bps=50e6, loss=0.01, seed=2)) as link, \
@@ -125,7 +122,10 @@ def test_loss_does_not_shrink_the_window(nc_paced: str) -> None:
                 time.sleep(0.05)
 
         with sender:
-            _paced(sender, cap)
+            sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                              kernel_cc.NAME.encode())
+            if cap is not None:
+                tcp.limit_pacing(sender, cap)
             threads = [threading.Thread(target=send), threading.Thread(target=sample)]
             for thread in threads:
                 thread.start()
@@ -139,13 +139,32 @@ def test_loss_does_not_shrink_the_window(nc_paced: str) -> None:
                 receiver.close()  # unread data: a reset, which ends the sender's sendall
                 for thread in threads:
                     thread.join()
+    return samples
+
+
+@needs_root
+@pytest.mark.netns
+def test_loss_does_not_shrink_the_window(nc_paced: str) -> None:
+    """1 % loss at 60 ms, a quarter of the link's rate: the kernel repairs losses, and the
+    window stays the cap's (reno's would halve at each)."""
+    cap = 1_500_000
+    samples = _send_over_a_lossy_link(cap, seconds=3.0)
     later = samples[len(samples) // 4:]  # after the first ACKs set the window
     assert later[-1]["retrans"] > 0
     assert any(s["ca_state"] != 0 for s in later)  # it was repairing losses (not Open)
-    # The window is the cap's in nearly every look (an RTO resets it until the next ACK).
+    # The window is the cap's in nearly every look (a timeout resets it until the next ACK).
     kept = [s for s in later if s["cwnd"] == _window_for(cap, s)]
     assert len(kept) >= 0.9 * len(later)
     assert _window_for(cap, later[-1]) > MIN_CWND
+
+
+@needs_root
+@pytest.mark.netns
+def test_without_a_cap_loss_halves_the_window(nc_paced: str) -> None:
+    """A client that gives no rate gets a loss-based window, not one that grows without end."""
+    samples = _send_over_a_lossy_link(None, seconds=3.0)
+    assert samples[-1]["retrans"] > 0
+    assert any(b["cwnd"] < a["cwnd"] for a, b in zip(samples, samples[1:]))
 
 
 def test_auto_says_why_and_uses_the_fallback_when_nc_paced_cannot_load(

@@ -4,8 +4,9 @@
  * pacing rate it is given (SO_MAX_PACING_RATE, which the spoke's own BBR controller sets
  * through PacingLimit). It keeps no model of its own: no PROBE_RTT, no window cut on loss,
  * no start-up of its own once a rate is given. Its window is twice the rate times the
- * connection's smoothed RTT, and it paces at the rate. The kernel
- * still retransmits what is lost (SACK, RACK, RTO); only the rate is ours. See
+ * connection's smoothed RTT, and it paces at the rate. Until a rate is given it is a plain
+ * loss-based slow start, so that a client that never gives one cannot flood the path. The
+ * kernel still retransmits what is lost (SACK, RACK, RTO); only the rate is ours. See
  * fabric/transport/kernel_cc.py and docs/transport.md ("nc_paced: a kernel congestion control
  * that follows our pacing").
  *
@@ -55,7 +56,11 @@ void BPF_PROG(nc_paced_cong_control, struct sock *sk, __u32 ack, int flag,
 
 	if (!srtt)
 		srtt = 1;
-	if (cap == NO_CAP)  /* no rate yet: grow by what is acknowledged, as slow start does */
+	if (cap == NO_CAP && rs->losses > 0)
+		/* No rate given (the first round trip, or a client that never gives one): a
+		 * loss-based window, halved on every ACK that marks segments lost. */
+		cwnd = tp->snd_cwnd / 2;
+	else if (cap == NO_CAP)  /* ... and grown by what is acknowledged, as slow start does */
 		cwnd = (__u64)tp->snd_cwnd + rs->acked_sacked;
 	else
 		cwnd = CWND_GAIN * (__u64)cap * srtt / USEC_PER_SEC / mss;
