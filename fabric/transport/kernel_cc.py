@@ -6,8 +6,8 @@ the rate the spoke asks for (``PacingLimit``). The kernel's BBR enters PROBE_RTT
 (4 segments in flight for two round trips: 1.8 s at 900 ms) and its loss recovery holds the
 window to the packets in flight; on a lossy 900 ms path that cost a fifth of the link
 (docs/transport.md, "The hub kernel's PROBE_RTT"). ``nc_paced`` (``nc_paced.bpf.c``, next to
-this file) only follows the rate it is given: its window is twice the rate's bandwidth-delay
-product whatever is lost, and it paces at the cap. The kernel still repairs losses.
+this file) only follows the rate it is given: its window is twice the rate times the smoothed
+RTT whatever is lost, and it paces at the cap. The kernel still repairs losses.
 
 It is a BPF ``struct_ops`` program: compiled at load time with clang against the running
 kernel's BTF (``bpftool btf dump``) and registered with ``bpftool struct_ops register``, which
@@ -87,7 +87,10 @@ def _run(argv: list[str], *, stdout: Path | None = None) -> None:
 def _allow() -> None:
     """Let processes without CAP_NET_ADMIN choose ``nc_paced``: as root, add it to the allowed
     list; otherwise raise ``KernelCCError`` unless it is there already."""
-    allowed = ALLOWED_CC.read_text().split()
+    try:
+        allowed = ALLOWED_CC.read_text().split()
+    except OSError as exc:
+        raise KernelCCError(f"cannot read {ALLOWED_CC}: {exc}") from exc
     if NAME in allowed:
         return
     if os.geteuid() != 0:

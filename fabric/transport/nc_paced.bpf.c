@@ -24,8 +24,8 @@ char _license[] SEC("license") = "GPL";
 /* SO_MAX_PACING_RATE's "no cap" (~0UL): the spoke has not given a rate yet. */
 #define NO_CAP (~0UL)
 /* Window over the rate times the smoothed round trip: room for delayed and stretched ACKs, as
- * BBR's cwnd_gain of 2. The smoothed RTT, not the minimum, so that a queue ahead of the flow
- * or a receiver slow to ACK (loopback) does not make the window, not the rate, the limit. */
+ * BBR's cwnd_gain of 2. The smoothed RTT, not the minimum, so that with a queue ahead of the
+ * flow or a receiver slow to ACK (loopback) the rate, not the window, stays the limit. */
 #define CWND_GAIN 2
 /* Segments in flight at least: the kernel's initial window. */
 #define MIN_CWND 10
@@ -75,8 +75,8 @@ void BPF_PROG(nc_paced_cong_control, struct sock *sk, __u32 ack, int flag,
 		sk->sk_pacing_rate = cap;
 }
 
-/* Loss changes nothing: the threshold and the window stay as they are (a retransmission
- * timeout sets the window to the packets in flight, until the next ACK sets it back). */
+/* With a rate given, loss changes nothing: the threshold and the window stay as they are (a
+ * retransmission timeout sets the window to the packets in flight until the next ACK). */
 SEC("struct_ops")
 __u32 BPF_PROG(nc_paced_ssthresh, struct sock *sk)
 {
