@@ -472,8 +472,9 @@ def _run_pair(hub_cmd: list[str], load_cmd: list[str], duration: float) -> dict[
         if out.returncode != 0:
             raise RuntimeError(f"load process failed:\n{out.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-        if len(line.split()) > 2:  # the hub's "ready PORT CONGESTION"
-            result["hub_congestion"] = line.split()[2]
+        ready = line.split()  # the hub's "ready PORT CONGESTION"
+        if len(ready) > 2:
+            result["hub_congestion"] = ready[2]
         result["hub_cpu_seconds"] = proc_cpu.cpu_seconds(hub.pid) - hub_cpu
         result["stolen"] = proc_cpu.stolen_share_since(stolen_mark)
         return result

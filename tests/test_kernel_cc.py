@@ -48,9 +48,11 @@ def _window_for(cap: int, info: dict[str, int]) -> int:
     return max(MIN_CWND, CWND_GAIN * cap * info["srtt_us"] // 1_000_000 // info["mss"])
 
 
-def _paced(sock: socket.socket, cap: int) -> None:
+def _paced(sock: socket.socket, cap: int | None) -> None:
+    """Put ``sock`` under nc_paced, capped at ``cap`` bytes/s (None: no cap given)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, kernel_cc.NAME.encode())
-    tcp.limit_pacing(sock, cap)
+    if cap is not None:
+        tcp.limit_pacing(sock, cap)
 
 
 def _drain(sock: socket.socket, nbytes: int) -> None:
@@ -122,10 +124,7 @@ def _send_over_a_lossy_link(cap: int | None, seconds: float) -> list[dict[str, i
                 time.sleep(0.05)
 
         with sender:
-            sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
-                              kernel_cc.NAME.encode())
-            if cap is not None:
-                tcp.limit_pacing(sender, cap)
+            _paced(sender, cap)
             threads = [threading.Thread(target=send), threading.Thread(target=sample)]
             for thread in threads:
                 thread.start()
