@@ -38,8 +38,11 @@ _LENGTH = struct.Struct(">I")
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 """Largest record the decoder accepts (a corrupt length must not make the mount buffer GBs)."""
 
-ITEMS_PER_RECORD = 65536
-"""``encode_hints`` splits longer orders into records of at most this many items (~4 MB)."""
+ITEMS_PER_RECORD = 2048
+"""``encode_hints`` splits longer orders into records of at most this many items (~50 KB). The
+mount decodes and registers a record in one go on its event loop, so records this small let it
+serve reads between them while a DataLoader's workers open their files and start reading
+(docs/prefetcher.md, "Hints")."""
 
 HEAD_ITEMS = 1024
 """``HintedSampler`` announces this many of an epoch's first items before it yields an index.
