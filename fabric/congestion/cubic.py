@@ -92,8 +92,7 @@ class Cubic(SampledController):
         spoke's pacing (``nc_paced``) was driven ever faster into an overflowing queue."""
         if nbytes <= 0:
             return
-        srtt = self.sampler.srtt if math.isfinite(self.sampler.srtt) else self.initial_rtt
-        if self._recovery_start is not None and now - self._recovery_start < srtt:
+        if self._recovery_start is not None and now - self._recovery_start < self._srtt():
             return  # same congestion event as the last decrease
         self._decrease(now)
 
@@ -133,7 +132,10 @@ class Cubic(SampledController):
         self._w_est += RENO_FRIENDLY_ALPHA * acked_seg / cwnd_seg
         self._cwnd = max(int(max(cubic_cwnd, self._w_est) * self.mss), self.min_cwnd)
 
+    def _srtt(self) -> float:
+        """The smoothed round trip, or the initial guess until one is measured."""
+        return self.sampler.srtt if math.isfinite(self.sampler.srtt) else self.initial_rtt
+
     def _update_pacing_rate(self) -> None:
-        srtt = self.sampler.srtt if math.isfinite(self.sampler.srtt) else self.initial_rtt
         ratio = PACING_SS_RATIO if self._cwnd < self.ssthresh / 2 else PACING_CA_RATIO
-        self._pacing_rate = ratio * self._cwnd / srtt
+        self._pacing_rate = ratio * self._cwnd / self._srtt()
