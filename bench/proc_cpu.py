@@ -20,9 +20,13 @@ a run's time says more about the host than about the code (docs/wan-emulator.md)
 DAEMON_LOOP = "spoke daemon's event loop"
 """The daemon's main thread, where trio runs every FUSE handler, the prefetcher and the hub
 client: the one thread that cannot spread over two cores. Part of DAEMON; the rest is its
-worker threads (the cache's LMDB writer and reader)."""
+worker threads (the cache's LMDB reader and the hand-off to its writer) and its cache writer
+process."""
+MOUNT_WORDS = ("fuse_mount.cli", "mount")
+"""The daemon's own process, the one whose main thread is DAEMON_LOOP."""
 ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    (DAEMON, ("fuse_mount.cli", "mount")),
+    (DAEMON, MOUNT_WORDS),
+    (DAEMON, ("fuse_mount.cache_writer",)),  # the daemon's child: its LMDB writes
     (HUB, ("fuse_mount.cli", "hub")),
     (FORWARDER, ("bench.wan_forwarder",)),
 )
@@ -113,11 +117,12 @@ def snapshot(loader_pid: int | None = None) -> dict[str, float]:
         elif ppid == loader_pid and role_of(_argv(name)) is None:
             role, seconds = LOADER, _own_seconds(fields)
         else:
-            role, seconds = role_of(_argv(name)), _own_seconds(fields)
+            argv = _argv(name)
+            role, seconds = role_of(argv), _own_seconds(fields)
+            if role == DAEMON and all(w in argv for w in MOUNT_WORDS):
+                out[DAEMON_LOOP] = out.get(DAEMON_LOOP, 0.0) + _main_thread_seconds(name)
         if role is not None:
             out[role] = out.get(role, 0.0) + seconds
-        if role == DAEMON:
-            out[DAEMON_LOOP] = out.get(DAEMON_LOOP, 0.0) + _main_thread_seconds(name)
     return out
 
 
