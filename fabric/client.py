@@ -677,8 +677,7 @@ class HubClient:
         if conn.role == BULK:
             stats = self._pipe.stats()
             bulk = sum(c.role == BULK for c in self._conns)  # live ones: closing removes
-            limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt, bulk,
-                                             self._resends.lossy(now))
+            limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt, bulk)
             if limit != conn.pacing_limit:
                 conn.pacing_limit = limit
                 frame = encode(PacingLimit(limit)) + frame

@@ -9,8 +9,8 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fabric.transport.reply_pacing import (CYCLE_ROUND_TRIPS, LOSSY_SHARE_MIN_RTT, MARGIN,
-                                           MIN_WINDOW, SHARE, SHARE_MIN_RTT, STEP, ReplyPacing)
+from fabric.transport.reply_pacing import (CYCLE_ROUND_TRIPS, MARGIN, MIN_WINDOW, SHARE,
+                                           SHARE_MIN_RTT, STEP, ReplyPacing)
 from fabric.transport.tcp import UNLIMITED_PACING, limit_pacing
 
 RATE = 24e6  # bytes/s: a 200 Mbit/s link's payload
@@ -103,20 +103,6 @@ def test_each_of_several_connections_gets_its_share_of_the_cap() -> None:
 def test_on_a_shorter_path_each_connection_gets_the_whole_cap() -> None:
     for rtt in (SHARE_MIN_RTT / 100, SHARE_MIN_RTT / 2):
         assert ReplyPacing().limit(0.0, RATE, rtt, 4) == ReplyPacing().limit(0.0, RATE, rtt, 1)
-
-
-def test_a_lossy_path_gets_the_shares_from_a_shorter_round_trip() -> None:
-    """Between ``LOSSY_SHARE_MIN_RTT`` and ``SHARE_MIN_RTT`` only a path that loses segments
-    shares the cap out; below both, neither does."""
-    rtt = (LOSSY_SHARE_MIN_RTT + SHARE_MIN_RTT) / 2
-    whole = ReplyPacing().limit(0.0, RATE, rtt, 1)
-    assert ReplyPacing().limit(0.0, RATE, rtt, 4) == whole
-    assert ReplyPacing().limit(0.0, RATE, rtt, 4, lossy=True) == ReplyPacing().limit(
-        0.0, RATE, SHARE_MIN_RTT, 4)
-    assert SHARE / 4 * RATE * MARGIN <= ReplyPacing().limit(0.0, RATE, rtt, 4, lossy=True) < whole
-    short = LOSSY_SHARE_MIN_RTT / 2
-    assert ReplyPacing().limit(0.0, RATE, short, 4, lossy=True) == ReplyPacing().limit(
-        0.0, RATE, short, 1)
 
 
 def test_a_cap_for_a_stream_that_is_not_a_socket_is_left_unset() -> None:

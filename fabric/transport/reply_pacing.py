@@ -15,14 +15,12 @@ is eight round trips), times ``MARGIN``. Kept over the cycle, the cap does not d
 with each phase, and it lets through the 1.25 probing phase; it follows start-up as it grows.
 It is rounded up to a power of ``STEP`` so that small changes send nothing.
 
-On a path of ``SHARE_MIN_RTT`` or more, and on one of ``LOSSY_SHARE_MIN_RTT`` or more that
-loses segments, each connection gets ``SHARE`` times its even share of that cap (at most all
-of it), not the whole: a connection that kept a backlog (behind a retransmission timeout, a
-lost segment of its requests, or the kernel BBR's PROBE_RTT where the hub runs ``bbr``) cannot
+On a path of ``SHARE_MIN_RTT`` or more, each connection gets ``SHARE`` times its even share of
+that cap (at most all of it), not the whole: a connection that kept a backlog (behind a
+retransmission timeout, or the kernel BBR's PROBE_RTT where the hub runs ``bbr``) cannot
 release it at the whole path's rate on top of everyone else's replies, which overflowed the
 bottleneck's queue (docs/transport.md, "The hub kernel's PROBE_RTT, and a share of the cap per
-connection") and queued there in front of the demand replies ("The share on a lossy 60 ms
-path"). With ``nc_paced`` on the hub the cap is the rate each connection's replies leave
+connection"). With ``nc_paced`` on the hub the cap is the rate each connection's replies leave
 at (``kernel_cc``), and an even share kept the queue shortest ("nc_paced: a kernel congestion
 control that follows our pacing")."""
 
@@ -50,22 +48,12 @@ than the whole cap; under ``nc_paced``, which has no such stall, 1 did better th
 queues, fewer drops, a lower demand tail at 900 ms)."""
 
 SHARE_MIN_RTT = 0.2
-"""Round trip (s) below which each connection gets the whole cap, unless the path loses
-segments (next). On a long path a stall is
+"""Round trip (s) below which each connection gets the whole cap. On a long path a stall is
 long (a timeout, or the kernel BBR's PROBE_RTT: two round trips, 1.8 s at 900 ms) and so is the
 backlog it releases; there shares cut the bottleneck's overflows (docs/transport.md, "The hub
 kernel's PROBE_RTT, and a share of the cap per connection"). At 60 ms they cost a mount's cold
-start a point or two under the kernel's BBR and under ``nc_paced``, and on loopback throughput;
-paths in between were not measured."""
-
-LOSSY_SHARE_MIN_RTT = 0.02
-"""Round trip (s) from which a path that loses segments (``ResendRate.lossy``) gets the shares
-too. There every connection's requests stall a round trip behind each lost segment of them,
-and the replies to what queued behind it then left at the whole cap: at 60 ms / 1 % the shares
-shortened the bottleneck's median queue and the demand reads' median (by 5-16 ms). Not on a
-clean path of that length, where they slowed a mount's cold sequential start by about two
-points, nor below 20 ms, where an even share on loopback collapsed (docs/transport.md,
-"nc_paced on the hub")."""
+start a point or two under the kernel's BBR, and on loopback throughput; paths in between were
+not measured."""
 
 STEP = 2 ** (1 / 8)
 """Caps are powers of this (~9 % apart), so the cap changes only when the rate moves by a step."""
@@ -81,11 +69,9 @@ class ReplyPacing:
     def __init__(self) -> None:
         self._recent: deque[tuple[float, float]] = deque()  # (time, rate), rates decreasing
 
-    def limit(self, now: float, pacing_rate: float, min_rtt: float, connections: int = 1,
-              lossy: bool = False) -> int:
+    def limit(self, now: float, pacing_rate: float, min_rtt: float, connections: int = 1) -> int:
         """Bytes/s the hub should pace the replies of each of this spoke's ``connections``
-        bulk connections at most; ``min_rtt`` may be inf before the first sample, ``lossy``
-        whether the path loses segments now. No cap
+        bulk connections at most; ``min_rtt`` may be inf before the first sample. No cap
         (``UNLIMITED_PACING``) while the controller has no rate to give: a cap of nothing would
         stop the replies its next rate depends on."""
         while self._recent and self._recent[-1][1] <= pacing_rate:
@@ -96,8 +82,7 @@ class ReplyPacing:
         while self._recent[0][0] < now - window:
             self._recent.popleft()
         highest = self._recent[0][1] * MARGIN
-        if math.isfinite(min_rtt) and min_rtt >= (LOSSY_SHARE_MIN_RTT if lossy
-                                                  else SHARE_MIN_RTT):
+        if math.isfinite(min_rtt) and min_rtt >= SHARE_MIN_RTT:
             highest *= min(1.0, SHARE / max(1, connections))
         if not (math.isfinite(highest) and highest >= 1):
             return UNLIMITED_PACING
