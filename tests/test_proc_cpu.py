@@ -69,12 +69,14 @@ def test_the_daemons_event_loop_is_its_main_thread() -> None:
     try:
         deadline = time.monotonic() + 30
         # Until the three threads are about done: each stops at 0.3 s, so at 0.85 s none has
-        # less than 0.25 (at 0.55 for two a loaded machine had given the second only 0.24).
+        # less than 0.25 (at 0.55 for two a loaded machine had given the second only 0.24);
+        # without the writer's the role never gets there.
         while proc_cpu.used(before, proc_cpu.snapshot()).get(proc_cpu.DAEMON, 0) < 0.85:
             assert time.monotonic() < deadline, "the daemon's CPU never showed"
             time.sleep(0.05)
         cpu = proc_cpu.used(before, proc_cpu.snapshot())
-        assert 0.25 <= cpu[proc_cpu.DAEMON_LOOP] <= cpu[proc_cpu.DAEMON] - 0.5
+        # The loop is one thread's 0.3 s and the start of its interpreter, not the writer's.
+        assert 0.25 <= cpu[proc_cpu.DAEMON_LOOP] <= cpu[proc_cpu.DAEMON] - 0.4
         line = proc_cpu.describe(cpu, 1.0)
         assert f"event loop {cpu[proc_cpu.DAEMON_LOOP]:.1f} s" in line
         assert line.count("spoke daemon") == 1
