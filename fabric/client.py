@@ -15,7 +15,9 @@ connections have two roles:
   segment's stall and release would read to the controller as a burst of bandwidth. The
   hub's kernel paces their replies at most at a cap the spoke sends with the requests, each
   connection a share of it (``PacingLimit``, ``transport.reply_pacing``), so its own TCP does
-  not burst them.
+  not burst them. While a path shorter than ``MIRROR_MAX_RTT`` loses segments, each request
+  also goes on a second bulk connection (``Mirror``): a lost request segment no longer holds
+  the requests behind it for a round trip and then releases their replies in a burst.
 * **demand** (``demand_connections``, grown on need up to ``MAX_DEMAND_CONNECTIONS``): demand
   reads skip the prefetch queue and the pacer and go out at once on a connection that carries
   no prefetch, so a demand reply never waits behind megabytes of prefetch replies in one TCP
@@ -56,14 +58,14 @@ from .checksum import bad_blocks, intact
 from .congestion import CongestionStats, create_controller
 from .path_memory import PathRecord, load_record, save_record
 from .protocol import (MAX_READ_BLOCKS, PROTOCOL_VERSION, ErrorReply, Hello, Message,
-                       MetaEntry, MetaReply, MetaRequest, PacingLimit, Priority, ProtocolError,
-                       ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role, Welcome,
-                       encode)
+                       MetaEntry, MetaReply, MetaRequest, Mirror, PacingLimit, Priority,
+                       ProtocolError, ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role,
+                       Welcome, encode)
 from .transport import tcp
 from .transport.arrivals import ArrivalCount, ArrivalTracker, TcpCounters
 from .transport.framing import FrameReader, read_many_reply_size, read_reply_size
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
-from .transport.reply_pacing import ReplyPacing
+from .transport.reply_pacing import SHARE_MIN_RTT, ReplyPacing
 from .transport.request_pipe import RequestPipe
 from .transport.resend_rate import ResendRate
 
@@ -118,6 +120,12 @@ MAX_PARALLEL_DIALS = 4
 
 HEDGE_COPIES = 2
 """Copies of a small demand read sent at once, each on its own idle demand connection."""
+
+MIRROR_MAX_RTT = SHARE_MIN_RTT
+"""Round trip (s) from which bulk requests are not sent twice (``HubClient._twin``): there each
+bulk connection's replies are capped at its share of the path (``reply_pacing``), which
+bounds the burst a stalled connection releases, and the copies were not measured to help
+(docs/transport.md, "Requests on two connections")."""
 
 HEDGE_MAX_BLOCKS = 32
 """Demand reads up to this many blocks (128 KiB, one FUSE read) go out on two connections;
@@ -277,10 +285,11 @@ class _Connection:
     """One live, greeted stream to the hub and the requests outstanding on it."""
 
     def __init__(self, stream: trio.SocketStream, reader: FrameReader, role: str,
-                 hello_rtt: float) -> None:
+                 hello_rtt: float, link: int | None = None) -> None:
         self.stream = stream
         self.reader = reader
         self.role = role
+        self.link = link  # the number it said hello with (bulk connections): Mirror names it
         self.hello_rtt = hello_rtt  # no reply can come back faster than the greeting did
         self.pending: dict[int, _Sent] = {}
         self.pending_bytes = 0
@@ -384,6 +393,7 @@ class HubClient:
         self._pipe = RequestPipe(create_controller(congestion))
         self._conns: list[_Connection] = []
         self._ids = itertools.count(1)
+        self._link_ids = itertools.count(1)  # Hello.link of each bulk connection, for Mirror
         self._link_changed = _Signal()
         self._wake = _Signal()  # the dispatcher's: work queued, window opened, link changed
         self._nursery: trio.Nursery | None = None
@@ -674,14 +684,50 @@ class HubClient:
                 (j.file_id, j.version, f, c) for j, f, c in pieces)))
         if conn.arrivals is not None and not conn.closed:
             conn.arrivals.expect(sent.req_id, expected)
+        twin = None
         if conn.role == BULK:
             stats = self._pipe.stats()
+            twin = self._twin(conn, now, stats.min_rtt)
+            if twin is not None:
+                frame = encode(Mirror(conn.link)) + frame  # type: ignore[arg-type]
+                metrics.FABRIC_MIRRORED_REQUESTS.inc()
             bulk = sum(c.role == BULK for c in self._conns)  # live ones: closing removes
             limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt, bulk)
             if limit != conn.pacing_limit:
                 conn.pacing_limit = limit
-                frame = encode(PacingLimit(limit)) + frame
-        await self._send(conn, sent, frame)
+                await self._send(conn, sent, encode(PacingLimit(limit)) + frame)
+            else:
+                await self._send(conn, sent, frame)
+        else:
+            await self._send(conn, sent, frame)
+        if twin is not None:
+            await self._send_copy(twin, frame)
+
+    def _twin(self, conn: _Connection, now: float, min_rtt: float) -> _Connection | None:
+        """Another bulk connection to send a copy of a request on, while a path shorter than
+        ``MIRROR_MAX_RTT`` loses segments; None on a clean or long path, or with no other
+        connection. A lost request segment holds the requests behind it on its connection
+        for a round trip, and the replies to them then leave together, a burst on top of the
+        other connections' that queued at the bottleneck in front of the demand replies. With
+        a copy on a second connection the hub serves whichever comes first, on ``conn``
+        (docs/transport.md, "Requests on two connections"). The twin: one whose requests the
+        hub is not known to hold behind a lost segment, and of those the one with the fewest
+        bytes outstanding."""
+        if conn.link is None or min_rtt >= MIRROR_MAX_RTT or not self._resends.lossy(now):
+            return None
+        others = [c for c in self._conns
+                  if c.role == BULK and c is not conn and c.link is not None and not c.closed]
+        return min(others, key=lambda c: (tcp.sends_held(c.stream.socket), c.pending_bytes),
+                   default=None)
+
+    async def _send_copy(self, conn: _Connection, frame: bytes) -> None:
+        """Send a ``Mirror`` copy on ``conn``; nothing is pending on it there. If the send
+        fails, ``conn``'s receive loop sees the close; the request's own copy stands."""
+        try:
+            async with conn.send_lock:
+                await conn.stream.send_all(frame)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            await trio.aclose_forcefully(conn.stream)
 
     async def _send(self, conn: _Connection, sent: _Sent, frame: bytes) -> None:
         if conn.closed:
@@ -896,7 +942,8 @@ class HubClient:
             tcp.configure(stream, tcp.congestion_for(role, self.tcp_congestion))
             reader = FrameReader(stream)
             greeted = trio.current_time()
-            await stream.send_all(encode(Hello(PROTOCOL_VERSION, self._hello_name, role)))
+            link = next(self._link_ids) if role == BULK else None
+            await stream.send_all(encode(Hello(PROTOCOL_VERSION, self._hello_name, role, link)))
             msg = await reader.receive()
             hello_rtt = trio.current_time() - greeted
             if msg is None:
@@ -908,7 +955,7 @@ class HubClient:
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
-        return _Connection(stream, reader, role, hello_rtt)
+        return _Connection(stream, reader, role, hello_rtt, link)
 
     async def _serve(self, conn: _Connection) -> None:
         self._resume(conn.hello_rtt)  # only the first connection finds a record left

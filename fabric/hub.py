@@ -11,7 +11,10 @@ whose every page is cached (and that is small) is served on the event loop, wher
 less than the hand-off to a thread would; any other read and its checksums run in one of
 ``READ_SLOTS`` long-lived reader threads (``JobThreads``) so the loop stays free. A request
 for several ranges (``ReadManyRequest``, protocol 4) is one task, one read slot and one reply:
-its cached ranges are read on the loop, the rest together in one thread job.
+its cached ranges are read on the loop, the rest together in one thread job. A request that
+comes after ``Mirror`` (protocol 7) is one of two copies a spoke sent on two of its
+connections; the first to come is served on the connection the Mirror names (``_Link``), the
+other dropped.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from .export import Export, ExportError, WouldBlock
 from .job_threads import JobThreads
 from .protocol import (LOSS_REPORT_VERSION, META_CHUNK_ENTRIES, MAX_READ_BLOCKS,
                        OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION, ErrorCode, ErrorReply, Hello,
-                       MetaReply, MetaRequest, PacingLimit, ProtocolError, ReadManyRequest,
-                       ReadRequest, Welcome, encode)
+                       MetaReply, MetaRequest, Mirror, PacingLimit, ProtocolError,
+                       ReadManyRequest, ReadRequest, Welcome, encode)
 from .transport import tcp
 from .transport.fair_queue import FairQueue
 from .transport.framing import (Frame, FrameReader, read_many_reply_frame, read_reply_frame,
@@ -66,6 +69,16 @@ Blocks = tuple[bytes | bytearray, bytes]
 OUTBOX_FRAMES = 4
 """Replies per connection read ahead of its socket: keeps the kernel's buffer fed while
 bounding the memory a slow spoke can pin (4 x 4 MiB at most)."""
+
+MIRROR_MEMORY = 4 * MAX_REQUESTS_PER_CONNECTION
+"""Request ids a connection remembers having served from a ``Mirror`` pair whose other copy
+has not come yet. The twin normally comes within a round trip or two, and the spoke never has
+more than ``MAX_REQUESTS_PER_CONNECTION`` out on the connection; beyond that are copies whose
+connection died on the way, the oldest of which are forgotten."""
+
+_MIRROR_SERVED, _MIRROR_DUPLICATE, _MIRROR_NO_LINK, _MIRROR_FULL = (
+    hub_metrics.HUB_MIRRORED.labels(outcome)
+    for outcome in ("served", "duplicate", "no_link", "full"))
 
 
 @dataclass
@@ -115,6 +128,32 @@ class _Outbox:
             MAX_REQUESTS_PER_CONNECTION * 2)
 
 
+@dataclass
+class _Link:
+    """What serving a request on one connection takes, wherever the request came in: its
+    outbox, its bound on requests in progress, its loss report and the nursery of its tasks;
+    and the ids of ``Mirror`` requests served on it whose twin has not come yet."""
+
+    outbox: _Outbox
+    in_progress: trio.Semaphore
+    report: _Retransmissions | None
+    nursery: trio.Nursery
+    served: dict[int, None] = field(default_factory=dict)
+
+    def first_of_pair(self, req_id: int) -> bool:
+        """Whether ``req_id`` is the first copy of its pair to come (and is now served):
+        False for the second, which is forgotten with it."""
+        if req_id in self.served:
+            del self.served[req_id]
+            _MIRROR_DUPLICATE.inc()
+            return False
+        self.served[req_id] = None
+        if len(self.served) > MIRROR_MEMORY:
+            del self.served[next(iter(self.served))]
+        _MIRROR_SERVED.inc()
+        return True
+
+
 class HubServer:
     """Serves one export to any number of spokes."""
 
@@ -132,6 +171,7 @@ class HubServer:
                                    name="neuralcache-hub-reader")
         self._scan_lock = trio.Lock()
         self._spokes: dict[str, int] = {}  # spoke name -> open connections
+        self._links: dict[tuple[str, int], _Link] = {}  # (spoke, Hello.link) -> its connection
 
     async def serve(self, host: str, port: int, *,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -158,9 +198,17 @@ class HubServer:
             outbox = _Outbox(OUTBOX_FRAMES)
             report = retransmissions if reader.version >= LOSS_REPORT_VERSION else None
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._writer, stream, outbox, retransmissions)
-                await self._reader(stream, reader, spoke, nursery, outbox, report)
-                nursery.cancel_scope.cancel()
+                link = _Link(outbox, trio.Semaphore(self._max_outstanding), report, nursery)
+                name = None if hello.link is None else (spoke, hello.link)
+                if name is not None:
+                    self._links[name] = link  # a spoke that reuses a number means the new one
+                try:
+                    nursery.start_soon(self._writer, stream, outbox, retransmissions)
+                    await self._reader(stream, reader, spoke, link)
+                    nursery.cancel_scope.cancel()
+                finally:
+                    if name is not None and self._links.get(name) is link:
+                        del self._links[name]
         except* ProtocolError as group:
             metrics.PROTOCOL_ERRORS.labels("hub").inc()
             log.error("hub: closing connection after a protocol error: %s", group.exceptions[0])
@@ -201,11 +249,11 @@ class HubServer:
         return msg
 
     async def _reader(self, stream: trio.abc.Stream, reader: FrameReader, spoke: str,
-                      nursery: trio.Nursery, outbox: _Outbox,
-                      report: _Retransmissions | None) -> None:
-        """Serve the connection's requests; ``report`` (protocol >= 3) tells each read reply
+                      link: _Link) -> None:
+        """Serve the connection's requests, each on the connection it belongs on (``Mirror``
+        names another of the spoke's); ``link.report`` (protocol >= 3) tells each read reply
         how much its connection has retransmitted."""
-        slots = trio.Semaphore(self._max_outstanding)
+        mirror: int | None = None  # the link the next request's reply belongs on, if named
         while True:
             msg = await reader.receive()
             if msg is None:
@@ -213,14 +261,52 @@ class HubServer:
             if isinstance(msg, PacingLimit):
                 tcp.limit_pacing(stream, msg.rate)
                 continue
+            if isinstance(msg, Mirror):
+                if mirror is not None:
+                    raise ProtocolError("Mirror must be followed by a read request")
+                mirror = msg.link
+                continue
             if not isinstance(msg, (ReadRequest, ReadManyRequest, MetaRequest)):
                 raise ProtocolError(f"a spoke may not send {type(msg).__name__}")
-            await slots.acquire()
-            nursery.start_soon(self._serve_request, msg, spoke, outbox, slots, report)
+            if mirror is not None:
+                if isinstance(msg, MetaRequest):
+                    raise ProtocolError("Mirror must be followed by a read request")
+                target, mirror = self._links.get((spoke, mirror)), None
+                if target is not link:
+                    self._serve_twin(target, msg, spoke)
+                    continue
+                if msg.req_id in link.served:  # its twin, on another connection, was first
+                    link.first_of_pair(msg.req_id)
+                    continue
+                await link.in_progress.acquire()
+                if not link.first_of_pair(msg.req_id):  # the twin came while this waited
+                    link.in_progress.release()
+                    continue
+            else:
+                await link.in_progress.acquire()
+            link.nursery.start_soon(self._serve_request, msg, spoke, link)
+
+    def _serve_twin(self, target: _Link | None, msg: ReadRequest | ReadManyRequest,
+                    spoke: str) -> None:
+        """A copy of a request whose reply belongs on another connection (``target``): served
+        there if it is the first of its pair to come. Never waits: a reader that waited for
+        another connection's room would hold up its own requests. Dropped if there is no room,
+        as the copy on ``target`` itself then waits for it."""
+        if target is None:
+            _MIRROR_NO_LINK.inc()  # that connection is gone: the spoke sends its requests again
+            return
+        if msg.req_id not in target.served:
+            try:
+                target.in_progress.acquire_nowait()
+            except trio.WouldBlock:
+                _MIRROR_FULL.inc()
+                return
+        if target.first_of_pair(msg.req_id):
+            target.nursery.start_soon(self._serve_request, msg, spoke, target)
 
     async def _serve_request(self, msg: ReadRequest | ReadManyRequest | MetaRequest, spoke: str,
-                             outbox: _Outbox, slots: trio.Semaphore,
-                             report: _Retransmissions | None) -> None:
+                             link: _Link) -> None:
+        outbox, report = link.outbox, link.report
         try:
             if isinstance(msg, (ReadRequest, ReadManyRequest)):
                 _READ_REQUESTS.inc()
@@ -239,7 +325,7 @@ class HubServer:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the connection is going away; the writer reports it
         finally:
-            slots.release()
+            link.in_progress.release()
 
     async def _read(self, req: ReadRequest, spoke: str, report: _Retransmissions | None
                     ) -> Frame:

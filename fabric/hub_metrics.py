@@ -41,6 +41,13 @@ HUB_READS = _served(Counter(
     "neuralcache_hub_reads_total",
     "Block reads the hub served, by where it did them: 'inline' on its event loop (a small "
     "read, every page already cached) or 'thread' in a worker thread.", ["path"]))
+HUB_MIRRORED = _served(Counter(
+    "neuralcache_hub_mirrored_requests_total",
+    "Copies of requests a spoke sent on two connections (Mirror), by what the hub did with "
+    "each: 'served' (the first), 'duplicate' (its twin, dropped), 'no_link' (the connection "
+    "the reply belonged on was gone: dropped, the spoke asks again) or 'full' (that "
+    "connection had its most requests in progress: dropped, its own copy waits its turn).",
+    ["outcome"]))
 HUB_ERRORS = _served(Counter(
     "neuralcache_hub_errors_total", "Requests the hub answered with an error, by code.",
     ["code"]))

@@ -17,12 +17,12 @@ import msgpack
 
 from neuralcache.blocks import block_count
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """Bumped on any incompatible change; the hub refuses a hello outside
 ``OLDEST_PROTOCOL_VERSION .. PROTOCOL_VERSION``. Version 2 added ``ReadRequest.priority``,
 version 3 ``ReadReply.retransmitted``, version 4 ``ReadManyRequest`` and ``ReadManyReply``,
-version 5 ``Hello.role``, version 6 ``PacingLimit``. A hub serves every older spoke, so
-upgrade hubs first."""
+version 5 ``Hello.role``, version 6 ``PacingLimit``, version 7 ``Hello.link`` and
+``Mirror``. A hub serves every older spoke, so upgrade hubs first."""
 
 OLDEST_PROTOCOL_VERSION = 1
 """Oldest spoke protocol a hub still serves: version 1 sends 5-field ReadRequests (all demand)."""
@@ -38,6 +38,10 @@ READ_MANY_VERSION = 4
 
 PACING_LIMIT_VERSION = 6
 """First protocol version whose spokes may send ``PacingLimit``."""
+
+MIRROR_VERSION = 7
+"""First protocol version whose spokes may name a connection (``Hello.link``) and send
+``Mirror``."""
 
 MAX_FRAME = 16 * 1024 * 1024
 """Largest payload accepted: a 4 MiB read reply plus headroom. Anything larger is an attack or a
@@ -89,12 +93,14 @@ class Role:
 @dataclass(frozen=True)
 class Hello:
     """First message from the spoke. A spoke of version 4 or older sends no ``role`` (None),
-    and its connections are all taken as bulk."""
+    and its connections are all taken as bulk. ``link`` (version >= 7, with a role) numbers
+    the connection among the spoke's own, for ``Mirror``; None: it cannot be named."""
 
     KIND: ClassVar[int] = 1
     version: int
     client: str
     role: str | None = None
+    link: int | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +257,19 @@ class PacingLimit:
 
 
 @dataclass(frozen=True)
+class Mirror:
+    """The request in the next frame is one of a pair, sent on two connections of this spoke,
+    whose reply belongs on the connection that said hello with ``link`` (version >= 7). The hub
+    serves whichever copy comes first, there, and drops the other. A lost request segment
+    holds every request behind it on its connection for a round trip, and the replies they
+    then get all at once overfill the bottleneck: two copies on two connections seldom wait
+    both (docs/transport.md, "Requests on two connections")."""
+
+    KIND: ClassVar[int] = 11
+    link: int
+
+
+@dataclass(frozen=True)
 class ErrorReply:
     """A request failed on the hub; ``code`` is one of ErrorCode."""
 
@@ -261,7 +280,7 @@ class ErrorReply:
 
 
 Message = Union[Hello, Welcome, MetaRequest, MetaReply, ReadRequest, ReadReply, ReadManyRequest,
-                ReadManyReply, PacingLimit, ErrorReply]
+                ReadManyReply, PacingLimit, Mirror, ErrorReply]
 
 
 def _expect(cond: bool, why: str) -> None:
@@ -286,8 +305,14 @@ def _fields(msg: Message) -> list[Any]:
         return [msg.req_id, list(msg.sizes), msg.data, msg.checksums,
                 [list(e) for e in msg.errors], msg.retransmitted]
     fields = [getattr(msg, f.name) for f in dataclasses.fields(msg)]
-    if (isinstance(msg, ReadReply) and msg.retransmitted is None
-            or isinstance(msg, Hello) and msg.role is None):
+    if isinstance(msg, Hello):
+        if msg.link is None:
+            fields.pop()  # the form of version 6 or older
+            if msg.role is None:
+                fields.pop()  # of version 4 or older
+        elif msg.role is None:
+            raise ValueError("a hello that names its link must say its role")
+    elif isinstance(msg, ReadReply) and msg.retransmitted is None:
         fields.pop()  # the form of an older version
     return fields
 
@@ -301,10 +326,11 @@ def encode(msg: Message) -> bytes:
 
 
 def _decode_hello(fields: list[Any]) -> Hello:
-    _expect(len(fields) in (2, 3), "Hello needs 2 or 3 fields")
+    _expect(len(fields) in (2, 3, 4), "Hello needs 2 to 4 fields")
     _expect(_is_uint(fields[0]) and isinstance(fields[1], str), "malformed Hello")
     _expect(len(fields) == 2 or (isinstance(fields[2], str) and fields[2] in Role.ALL),
             "Hello has an unknown role")
+    _expect(len(fields) < 4 or _is_uint(fields[3]), "Hello has a malformed link")
     return Hello(*fields)
 
 
@@ -368,6 +394,7 @@ _SIMPLE: dict[int, tuple[type, tuple[Any, ...]]] = {
     MetaRequest.KIND: (MetaRequest, (_is_uint,)),
     ReadRequest.KIND: (ReadRequest, (*(_is_uint,) * 5, _is_priority)),
     PacingLimit.KIND: (PacingLimit, (_is_uint,)),
+    Mirror.KIND: (Mirror, (_is_uint,)),
     ErrorReply.KIND: (ErrorReply, (_is_uint, lambda v: isinstance(v, str) and v in ErrorCode.ALL,
                                    lambda v: isinstance(v, str))),
 }
@@ -456,7 +483,8 @@ def _decode_raw(raw: Any, version: int) -> Message:
     if kind == ReadManyReply.KIND:
         return _decode_read_many_reply(fields)
     spec = _SIMPLE.get(kind)
-    _expect(spec is not None and (kind != PacingLimit.KIND or version >= PACING_LIMIT_VERSION),
+    _expect(spec is not None and (kind != PacingLimit.KIND or version >= PACING_LIMIT_VERSION)
+            and (kind != Mirror.KIND or version >= MIRROR_VERSION),
             f"unknown message kind {kind!r}")
     cls, checks = spec  # type: ignore[misc]
     if kind == ReadRequest.KIND and version < PRIORITY_VERSION:

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from fabric.protocol import (CHECKSUM_BYTES, MAX_FRAME, MAX_READ_BLOCKS, MAX_READ_RANGES,
-                             PACING_LIMIT_VERSION, READ_MANY_VERSION, ErrorCode, ErrorReply,
-                             FrameDecoder, Hello, Message, MetaEntry, MetaReply, MetaRequest,
-                             PacingLimit, Priority, ProtocolError, ReadManyReply, ReadManyRequest,
-                             ReadReply, ReadRequest, Role, Welcome, decode_owned_payload,
-                             decode_payload, encode)
+                             MIRROR_VERSION, PACING_LIMIT_VERSION, READ_MANY_VERSION, ErrorCode,
+                             ErrorReply, FrameDecoder, Hello, Message, MetaEntry, MetaReply,
+                             MetaRequest, Mirror, PacingLimit, Priority, ProtocolError,
+                             ReadManyReply, ReadManyRequest, ReadReply, ReadRequest, Role,
+                             Welcome, decode_owned_payload, decode_payload, encode)
 from fabric.transport.framing import read_many_reply_frame, read_many_reply_size
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
@@ -67,7 +67,8 @@ def read_many_replies(draw: st.DrawFn, max_ranges: int = 4) -> ReadManyReply:
 
 
 MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
-    Hello: st.builds(Hello, U64, TEXT, st.none() | st.sampled_from(sorted(Role.ALL))),
+    Hello: st.one_of(st.builds(Hello, U64, TEXT, st.none() | st.sampled_from(sorted(Role.ALL))),
+                     st.builds(Hello, U64, TEXT, st.sampled_from(sorted(Role.ALL)), U64)),
     Welcome: st.builds(Welcome, U64, TEXT),
     MetaRequest: st.builds(MetaRequest, U64),
     MetaReply: st.builds(MetaReply, U64, st.lists(meta_entries, max_size=4).map(tuple),
@@ -78,6 +79,7 @@ MESSAGE_STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
     ReadManyRequest: read_many_requests(max_ranges=4),
     ReadManyReply: read_many_replies(),
     PacingLimit: st.builds(PacingLimit, U64),
+    Mirror: st.builds(Mirror, U64),
     ErrorReply: st.builds(ErrorReply, U64, st.sampled_from(sorted(ErrorCode.ALL)), TEXT),
 }
 messages = st.one_of(*MESSAGE_STRATEGIES.values())
@@ -208,13 +210,16 @@ def test_a_field_of_any_other_value_is_refused_or_decodes_canonically(
 def test_a_missing_or_extra_field_is_refused(msg: Message, extra: Any, drop: bool) -> None:
     # A read reply without the retransmitted count (version 2) plus an unsigned integer is the
     # version-3 form, and one with it less the count is the version-2 form: both are valid.
-    # So are a hello less its role (version 4) and one of version 4 plus a role.
+    # So are a hello less its role (version 4) or its link (version 6), one of version 4 plus
+    # a role and one of version 6 plus a link.
+    uint = type(extra) is int and extra >= 0
     assume(not (isinstance(msg, ReadReply) and (
         drop and msg.retransmitted is not None
-        or not drop and msg.retransmitted is None and type(extra) is int and extra >= 0)))
+        or not drop and msg.retransmitted is None and uint)))
     assume(not (isinstance(msg, Hello) and (
         drop and msg.role is not None
-        or not drop and msg.role is None and isinstance(extra, str) and extra in Role.ALL)))
+        or not drop and msg.role is None and isinstance(extra, str) and extra in Role.ALL
+        or not drop and msg.role is not None and msg.link is None and uint)))
     raw = msgpack.unpackb(encode(msg)[HEADER.size:], raw=False)
     raw = raw[:-1] if drop else raw + [extra]
     with pytest.raises(ProtocolError):
@@ -426,6 +431,25 @@ def test_a_read_many_request_is_unknown_below_its_protocol_version() -> None:
     assert decode_payload(payload, READ_MANY_VERSION) == ReadManyRequest(
         1, Priority.PREFETCH, ((1, 2, 0, 4), (3, 4, 8, 1)))
     for version in range(1, READ_MANY_VERSION):
+        with pytest.raises(ProtocolError, match="unknown message kind"):
+            decode_payload(payload, version)
+
+
+def test_a_hello_names_its_link_from_version_7_and_only_with_a_role() -> None:
+    hello = Hello(MIRROR_VERSION, "s", Role.BULK, 3)
+    assert decode_payload(encode(hello)[HEADER.size:]) == hello
+    assert decode_payload(msgpack.packb([Hello.KIND, 6, "s", Role.BULK])).link is None
+    for link in (-1, "1", None, 1.0):
+        with pytest.raises(ProtocolError):
+            decode_payload(msgpack.packb([Hello.KIND, 7, "s", Role.BULK, link]))
+    with pytest.raises(ValueError):
+        encode(Hello(MIRROR_VERSION, "s", None, 3))
+
+
+def test_a_mirror_is_unknown_below_its_protocol_version() -> None:
+    payload = encode(Mirror(2))[HEADER.size:]
+    assert decode_payload(payload, MIRROR_VERSION) == Mirror(2)
+    for version in range(1, MIRROR_VERSION):
         with pytest.raises(ProtocolError, match="unknown message kind"):
             decode_payload(payload, version)
 

@@ -113,6 +113,23 @@ def retransmitted_bytes(sock: socket.socket | object) -> int | None:
     return None if info is None else _BYTES_RETRANS.unpack_from(info, 208)[0]
 
 
+_CA_STATE_AT = 1  # tcpi_ca_state, a byte after tcpi_state
+_TCP_CA_OPEN = 0
+"""The sender's congestion-avoidance state when nothing sent is missing at the peer; Disorder
+(the peer's SACKs say a segment is missing), Recovery and Loss all mean the peer holds what
+came after a hole."""
+
+
+def sends_held(sock: socket.socket | object) -> bool:
+    """Whether the peer is holding what ``sock`` sent behind a missing segment (known a
+    round trip after the loss, when the peer's SACKs come back); False where it cannot tell."""
+    try:
+        info = getattr(sock, "getsockopt")(socket.IPPROTO_TCP, socket.TCP_INFO, _CA_STATE_AT + 1)
+    except (OSError, AttributeError):
+        return False
+    return len(info) > _CA_STATE_AT and info[_CA_STATE_AT] != _TCP_CA_OPEN
+
+
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 """Linux's cap on the rate (bytes/s) the kernel paces a socket's sends at; Python does not name
 it. It binds whatever paces: BBR (of any state) or the fq qdisc."""
