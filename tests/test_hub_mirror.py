@@ -1,13 +1,14 @@
 """A real hub on loopback answering ``Mirror`` pairs (protocol version 7) from raw sockets: the
-first copy of a pair is served once, on the connection it names, whichever connection it came
-in on; the second is dropped; a copy for a connection that is gone is dropped; connections
-are named per spoke; a copy for a connection with no room is left to that connection's own;
-a Mirror not followed by a read closes the connection. And a HubClient
-on a path that loses segments sends its bulk requests in such pairs and reads right."""
+first copy of a pair is served once, on the connection it names, whichever connection it came in
+on; the second is dropped; a copy for a connection that is gone is dropped; connections are
+named per spoke; a copy for a connection with no room is left to that connection's own; a Mirror
+not followed by a read closes the connection. And a HubClient on a path that loses segments
+sends its bulk requests in such pairs and reads right."""
 
 from __future__ import annotations
 
 import random
+import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
@@ -19,6 +20,7 @@ from fabric.export import Export
 from fabric.hub import OUTBOX_FRAMES, HubServer, _Link, _Outbox
 from fabric.protocol import (MIRROR_VERSION, PROTOCOL_VERSION, Hello, MetaRequest, Mirror,
                              ReadReply, ReadRequest, Role, Welcome, encode)
+from fabric.transport import tcp
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
 from tests.test_hub_client import receive_until_closed
@@ -177,3 +179,14 @@ async def test_a_copy_for_a_full_connection_leaves_the_turn_to_its_own(export_di
         server._readers.close()
     assert blocks_of(export_dir, FILE, 2, 1) in b"".join(bytes(part) for part in frame)
     assert added(before) == {"full": 1, "served": 1}
+
+
+def test_a_connection_with_nothing_lost_is_not_held() -> None:
+    with socket.create_server((LOCALHOST, 0)) as server, \
+            socket.create_connection(server.getsockname()) as client:
+        peer, _ = server.accept()
+        with peer:
+            client.sendall(b"request")
+            assert peer.recv(16) == b"request"
+            assert not tcp.sends_held(client)
+    assert not tcp.sends_held(object())  # not a TCP socket: nothing to tell

@@ -115,9 +115,9 @@ def retransmitted_bytes(sock: socket.socket | object) -> int | None:
 
 _CA_STATE_AT = 1  # tcpi_ca_state, a byte after tcpi_state
 _TCP_CA_OPEN = 0
-"""The sender's congestion-avoidance state when nothing sent is missing at the peer; Disorder
-(the peer's SACKs say a segment is missing), Recovery and Loss all mean the peer holds what
-came after a hole."""
+"""The sender's congestion-avoidance state when nothing it sent is known missing at the peer.
+Disorder (the peer's SACKs say a segment is missing), Recovery and Loss mean the peer holds
+what came after a hole; CWR (a slowdown for local congestion or ECN) counts as held too."""
 
 
 def sends_held(sock: socket.socket | object) -> bool:
