@@ -435,7 +435,7 @@ def test_a_read_many_request_is_unknown_below_its_protocol_version() -> None:
             decode_payload(payload, version)
 
 
-def test_a_hello_names_its_link_from_version_7_and_only_with_a_role() -> None:
+def test_a_hello_may_name_its_link_but_only_with_its_role() -> None:
     hello = Hello(MIRROR_VERSION, "s", Role.BULK, 3)
     assert decode_payload(encode(hello)[HEADER.size:]) == hello
     assert decode_payload(msgpack.packb([Hello.KIND, 6, "s", Role.BULK])).link is None
