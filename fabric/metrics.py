@@ -64,8 +64,8 @@ FABRIC_REQUESTS = Counter(
     ["priority"])
 FABRIC_MIRRORED_REQUESTS = Counter(
     "neuralcache_fabric_mirrored_requests_total",
-    "Bulk read requests also sent on a second connection while the path loses segments (the "
-    "hub answers the first copy to arrive, on the first connection).")
+    "Bulk read requests also sent on a second connection while a path shorter than 200 ms "
+    "loses segments (the hub answers the first copy to arrive, on the first connection).")
 FABRIC_DISPATCH_WAIT = Counter(
     "neuralcache_fabric_prefetch_dispatch_wait_seconds_total",
     "Seconds the spoke's prefetch dispatcher waited before its next request, by what for: "
