@@ -684,7 +684,7 @@ class HubClient:
                 (j.file_id, j.version, f, c) for j, f, c in pieces)))
         if conn.arrivals is not None and not conn.closed:
             conn.arrivals.expect(sent.req_id, expected)
-        twin = None
+        twin, head = None, b""
         if conn.role == BULK:
             stats = self._pipe.stats()
             twin = self._twin(conn, now, stats.min_rtt)
@@ -695,13 +695,10 @@ class HubClient:
             limit = self._reply_pacing.limit(now, stats.pacing_rate, stats.min_rtt, bulk)
             if limit != conn.pacing_limit:
                 conn.pacing_limit = limit
-                await self._send(conn, sent, encode(PacingLimit(limit)) + frame)
-            else:
-                await self._send(conn, sent, frame)
-        else:
-            await self._send(conn, sent, frame)
+                head = encode(PacingLimit(limit))  # this connection's alone, not the copy's
+        await self._send(conn, sent, head + frame)
         if twin is not None:
-            await self._send_copy(twin, frame)
+            await self._write(twin, frame)  # nothing is pending on the twin for it
 
     def _twin(self, conn: _Connection, now: float, min_rtt: float) -> _Connection | None:
         """Another bulk connection to send a copy of a request on, while a path shorter than
@@ -720,15 +717,6 @@ class HubClient:
         return min(others, key=lambda c: (tcp.sends_held(c.stream.socket), c.pending_bytes),
                    default=None)
 
-    async def _send_copy(self, conn: _Connection, frame: bytes) -> None:
-        """Send a ``Mirror`` copy on ``conn``; nothing is pending on it there. If the send
-        fails, ``conn``'s receive loop sees the close; the request's own copy stands."""
-        try:
-            async with conn.send_lock:
-                await conn.stream.send_all(frame)
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            await trio.aclose_forcefully(conn.stream)
-
     async def _send(self, conn: _Connection, sent: _Sent, frame: bytes) -> None:
         if conn.closed:
             self._lost(sent)
@@ -738,11 +726,16 @@ class HubClient:
         conn.unarrived += 1
         conn.settled = False
         conn.last_sent = sent.sent_at
+        await self._write(conn, frame)
+
+    async def _write(self, conn: _Connection, frame: bytes) -> None:
+        """Send ``frame`` on ``conn``, closing it if that fails: its receive loop then sees the
+        close and fails everything outstanding on it (a Mirror copy's request stands on its
+        own connection)."""
         try:
             async with conn.send_lock:
                 await conn.stream.send_all(frame)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-            # The receive loop sees the close and fails everything outstanding, this included.
             await trio.aclose_forcefully(conn.stream)
 
     def _on_message(self, conn: _Connection, msg: Message) -> None:

@@ -446,17 +446,12 @@ def test_a_hello_may_name_its_link_but_only_with_its_role() -> None:
         encode(Hello(MIRROR_VERSION, "s", None, 3))
 
 
-def test_a_mirror_is_unknown_below_its_protocol_version() -> None:
-    payload = encode(Mirror(2))[HEADER.size:]
-    assert decode_payload(payload, MIRROR_VERSION) == Mirror(2)
-    for version in range(1, MIRROR_VERSION):
-        with pytest.raises(ProtocolError, match="unknown message kind"):
-            decode_payload(payload, version)
-
-
-def test_a_pacing_limit_is_unknown_below_its_protocol_version() -> None:
-    payload = encode(PacingLimit(31_250_000))[HEADER.size:]
-    assert decode_payload(payload, PACING_LIMIT_VERSION) == PacingLimit(31_250_000)
-    for version in range(1, PACING_LIMIT_VERSION):
+@pytest.mark.parametrize("msg, first_version", [(PacingLimit(31_250_000), PACING_LIMIT_VERSION),
+                                                (Mirror(2), MIRROR_VERSION)])
+def test_a_spoke_message_is_unknown_below_its_protocol_version(msg: Message,
+                                                               first_version: int) -> None:
+    payload = encode(msg)[HEADER.size:]
+    assert decode_payload(payload, first_version) == msg
+    for version in range(1, first_version):
         with pytest.raises(ProtocolError, match="unknown message kind"):
             decode_payload(payload, version)
