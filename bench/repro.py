@@ -405,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"dataset, caches and mounts; never the repo [{DEFAULT_WORKDIR}]")
     p.add_argument("--results", help="results JSON [WORKDIR/results.json]")
     p.add_argument("--markdown", help="also write the report (markdown) to this file")
-    p.add_argument("--plot", help="samples/s plot (PNG) [WORKDIR/repro-samples.png]")
+    p.add_argument("--plot", help="samples/s plot (PNG) [WORKDIR/repro-samples.png; with "
+                                  "--report-only, beside the results file]")
     p.add_argument("--report-only", action="store_true",
                    help="rebuild the report from --results without running anything")
     p.add_argument("--keep", action="store_true", help="keep caches and logs of this run")
@@ -429,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     workdir = os.path.abspath(args.workdir)
     results_path = args.results or os.path.join(workdir, "results.json")
-    plot_path = args.plot or os.path.join(workdir, "repro-samples.png")
+    # A report rebuilt from a results file puts its plot beside it: the workdir may be gone.
+    plot_dir = os.path.dirname(os.path.abspath(results_path)) if args.report_only else workdir
+    plot_path = args.plot or os.path.join(plot_dir, "repro-samples.png")
     if args.report_only:
         meta, runs = load_results(results_path)
         print(write_report(meta, runs, args.markdown, plot_path))
