@@ -1,0 +1,131 @@
+"""bench/repro_ab.py: the trees' order, who did best, the figures read back from a results
+file, and a whole comparison over stand-in trees whose ``bench.repro`` only hands back a
+prepared results file (the real bench needs the WAN emulator, a mount and torch)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.proc_cpu import STOLEN
+from bench.repro_ab import Figure, best_counts, main, rotation, run_figures
+from bench.repro_loader import LoopTrace
+from bench.repro_scenarios import COLD, LOCAL, SHUFFLED, SPOKE, Scenario
+from bench.repro_stats import RunRecord
+
+COLD_SHUFFLE = "cold spoke, shuffled with hints: whole-run time vs hub-local"
+
+
+@given(st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=6, unique=True))
+def test_each_tree_runs_first_once_in_as_many_rounds(names: list[str]) -> None:
+    orders = [rotation(names, r) for r in range(len(names))]
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert sorted(order[0] for order in orders) == sorted(names)
+    assert rotation(names, len(names)) == orders[0]
+
+
+def test_best_is_the_lower_time_or_the_higher_share() -> None:
+    def time(value: float) -> Figure:
+        return Figure(value, at_least=False)
+
+    def share(value: float) -> Figure:
+        return Figure(value, at_least=True)
+
+    counts, rounds = best_counts({"base": [time(1.10), time(1.05), time(1.07), None],
+                                  "change": [time(1.04), time(1.05), time(1.09), time(1.0)]})
+    assert (counts, rounds) == ({"base": 2, "change": 2}, 3)  # a tie counts for both
+    counts, rounds = best_counts({"base": [share(0.91)], "change": [share(0.94)]})
+    assert (counts, rounds) == ({"base": 0, "change": 1}, 1)
+
+
+def _results(path: Path, cold_seconds: float, stolen: float) -> None:
+    """A results file as ``bench.repro`` writes it: one hub-local and one cold shuffle run."""
+    def record(key: str, seconds: float, cpu: dict[str, float]) -> dict:
+        done = [float(t) for t in np.cumsum([seconds / 100] * 100)]
+        trace = LoopTrace(24, asked=[0.0] + done[:-1], ready=[0.0] + done[:-1], done=done,
+                          read_seconds=[0.001] * 2400)
+        return RunRecord(key, 0, trace, seconds, cpu_seconds=cpu).to_json()
+
+    runs = [record(Scenario(SHUFFLED, LOCAL).key, 4.0, {STOLEN: 0.5}),
+            record(Scenario(SHUFFLED, SPOKE, COLD).key, cold_seconds, {STOLEN: stolen})]
+    path.write_text(json.dumps({"meta": {"link": {"rate_bps": 200e6}}, "runs": runs}))
+
+
+def test_a_results_file_gives_its_targets_and_the_stolen_time(tmp_path: Path) -> None:
+    _results(tmp_path / "r.json", cold_seconds=4.4, stolen=1.5)
+    found, stolen = run_figures(str(tmp_path / "r.json"))
+    assert found == {COLD_SHUFFLE: Figure(pytest.approx(1.1), at_least=False)}
+    assert stolen == pytest.approx(2.0)
+
+
+def _stand_in(root: Path, name: str, cold_seconds: float) -> Path:
+    """A tree whose ``python -m bench.repro`` copies a prepared results file to ``--results``
+    and notes its arguments, or fails if its results file is missing."""
+    tree = root / name
+    (tree / "bench").mkdir(parents=True)
+    (tree / "bench" / "__init__.py").write_text("")
+    if cold_seconds > 0:
+        _results(tree / "prepared.json", cold_seconds, stolen=0.0)
+    (tree / "bench" / "repro.py").write_text(textwrap.dedent("""\
+        import shutil, sys
+        from pathlib import Path
+        tree = Path(__file__).parent.parent
+        with open(tree / "argv.txt", "a") as f:
+            f.write(" ".join(sys.argv[1:]) + "\\n")
+        results = sys.argv[sys.argv.index("--results") + 1]
+        shutil.copy(tree / "prepared.json", results)
+        """))
+    return tree
+
+
+def test_trees_are_compared_round_by_round(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    base = _stand_in(tmp_path, "base", cold_seconds=4.4)
+    change = _stand_in(tmp_path, "change", cold_seconds=4.2)
+    code = main(["--tree", f"base={base}", "--tree", f"change={change}", "--rounds", "2",
+                 "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work"),
+                 "--", "--variants", "shuffled"])
+    assert code == 0
+    for tree in (base, change):
+        argv = (tree / "argv.txt").read_text().splitlines()
+        assert len(argv) == 2 and all(a.startswith("--variants shuffled --repeats 1 --results")
+                                      for a in argv)
+    report = capsys.readouterr().out.split("per target:")[1]
+    assert COLD_SHUFFLE in report
+    assert "base             1.100 1.100   best in 0 of 2" in report
+    assert "change           1.050 1.050   best in 2 of 2" in report
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        f"{name}-{r}.{ext}" for name in ("base", "change") for r in (1, 2)
+        for ext in ("json", "log")]
+
+
+def test_a_failed_run_is_reported_and_fails_the_comparison(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _stand_in(tmp_path, "base", cold_seconds=4.4)
+    broken = _stand_in(tmp_path, "broken", cold_seconds=0)  # no prepared file: exits 1
+    code = main(["--tree", f"base={base}", "--tree", f"broken={broken}", "--rounds", "1",
+                 "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "failed (exit 1)" in out
+    assert "broken           -   best in 0 of 0" in out
+    assert "FileNotFoundError" in (tmp_path / "out" / "broken-1.log").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--tree", "a=."], "two or more trees"),
+    (["--tree", "a=.", "--tree", "a=."], "given twice"),
+    (["--tree", "a=/nonexistent", "--tree", "b=."], "expected NAME=DIR"),
+    (["--tree", "a=.", "--tree", "b=.", "--", "--results=x"], "set by this tool"),
+])
+def test_bad_arguments_are_refused(argv: list[str], message: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
