@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -137,13 +138,16 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
 
 
 def _report(table: dict[str, dict[str, list[Figure | None]]]) -> None:
-    print("\nper target: each tree's figure, round by round, and in how many rounds it did best")
+    print("\nper target: each tree's figure round by round, their median, and in how many rounds "
+          "the tree did best")
     for target, row in table.items():
         counts, rounds = best_counts(row)
         print(target)
         for name, figures in row.items():
             values = " ".join(_format(f.value if f else None) for f in figures)
-            print(f"  {name:<16} {values}   best in {counts[name]} of {rounds}")
+            median = _format(statistics.median(present) if (present := [
+                f.value for f in figures if f is not None]) else None)
+            print(f"  {name:<16} {values}   median {median}, best in {counts[name]} of {rounds}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,8 +98,8 @@ def test_trees_are_compared_round_by_round(tmp_path: Path,
                                       for a in argv)
     report = capsys.readouterr().out.split("per target:")[1]
     assert COLD_SHUFFLE in report
-    assert "base             1.100 1.100   best in 0 of 2" in report
-    assert "change           1.050 1.050   best in 2 of 2" in report
+    assert "base             1.100 1.100   median 1.100, best in 0 of 2" in report
+    assert "change           1.050 1.050   median 1.050, best in 2 of 2" in report
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         f"{name}-{r}.{ext}" for name in ("base", "change") for r in (1, 2)
         for ext in ("json", "log")]
@@ -114,7 +114,7 @@ def test_a_failed_run_is_reported_and_fails_the_comparison(
     assert code == 1
     out = capsys.readouterr().out
     assert "failed (exit 1)" in out
-    assert "broken           -   best in 0 of 0" in out
+    assert "broken           -   median -, best in 0 of 0" in out
     assert "FileNotFoundError" in (tmp_path / "out" / "broken-1.log").read_text()
 
 
