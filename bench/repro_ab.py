@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1}/{args.rounds}, {name}: ", end="")
             found = _run(trees[name], os.path.join(out, f"{name}-{r + 1}"), repro_args, workdir)
             failed += found is None
-            for target in (found or {}).keys() | table.keys():
+            for target in [*table, *(t for t in found or {} if t not in table)]:
                 row = table.setdefault(target, {n: [None] * args.rounds for n in names})
                 row[name][r] = (found or {}).get(target)
     _report(table)
