@@ -14,7 +14,10 @@ started the same way) with this interpreter. One run per tree and round (``--rep
 trees' order rotating from round to round. Every run's results JSON and log stay in ``--out``.
 After each run it prints the run's measured targets and the CPU time the hypervisor took
 during its loops; at the end, per target, each tree's figures and in how many rounds each tree
-did best. Wrap it in ``flock /tmp/nc-bench.lock`` as the other benches.
+did best. The figures are ratios to hub-local's run in the same ``bench.repro`` run, so
+``--targets`` must include hub-local (the default does). Ctrl-C or SIGTERM stops the run in
+progress as it would stop on its own. Wrap it in ``flock /tmp/nc-bench.lock`` as the other
+benches.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bench.mount_procs import exit_on_sigterm
 from bench.proc_cpu import STOLEN
 from bench.repro import DEFAULT_WORKDIR, load_results
 from bench.repro_scenarios import checks
@@ -35,6 +39,8 @@ DEFAULT_ROUNDS = 3
 RUN_TIMEOUT = 3600.0
 """Seconds one ``bench.repro`` run may take before it is killed (a full-size run of every
 variant and target takes ~7 min here)."""
+STOP_TIMEOUT = 60.0
+"""Seconds a stopped run may take to unmount and remove what it made before it is killed."""
 OWN_OPTIONS = ("--repeats", "--results", "--workdir", "--report-only")
 """``bench.repro`` options this tool sets itself for every run."""
 
@@ -122,11 +128,15 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
                "--results", stem + ".json", "--workdir", workdir]
     print(f"python {' '.join(command[1:])} (in {tree}, log {stem}.log)", flush=True)
     with open(stem + ".log", "w") as log:
+        child = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
         try:
-            code = subprocess.run(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=RUN_TIMEOUT).returncode
+            code = child.wait(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
+            _stop(child)
             code = -1
+        except BaseException:  # Ctrl-C, SIGTERM: the run cleans up before this tool exits
+            _stop(child)
+            raise
     if code != 0 or not os.path.exists(stem + ".json"):
         print(f"  failed (exit {code}); see the log", flush=True)
         return None
@@ -135,6 +145,17 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
         print(f"  {target}: {figure.value:.3f}", flush=True)
     print(f"  CPU taken by the hypervisor over the loops: {stolen:.1f} s", flush=True)
     return found
+
+
+def _stop(child: subprocess.Popen[bytes]) -> None:
+    """Stop a run the way it cleans up after itself (SIGTERM: it unmounts, stops what it
+    started and removes its namespaces), killing it only if that takes too long."""
+    child.terminate()
+    try:
+        child.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def _report(table: dict[str, dict[str, list[Figure | None]]]) -> None:
@@ -170,4 +191,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

@@ -5,7 +5,12 @@ prepared results file (the real bench needs the WAN emulator, a mount and torch)
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -116,6 +121,42 @@ def test_a_failed_run_is_reported_and_fails_the_comparison(
     assert "failed (exit 1)" in out
     assert "broken           -   median -, best in 0 of 0" in out
     assert "FileNotFoundError" in (tmp_path / "out" / "broken-1.log").read_text()
+
+
+def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path) -> None:
+    """SIGTERM to the tool reaches the run in progress as SIGTERM, which it cleans up on,
+    and the tool waits for it."""
+    base = _stand_in(tmp_path, "base", cold_seconds=4.4)
+    slow = tmp_path / "slow"
+    shutil.copytree(base, slow)
+    (slow / "bench" / "repro.py").write_text(textwrap.dedent("""\
+        import signal, sys, time
+        from pathlib import Path
+        tree = Path(__file__).parent.parent
+        def cleanup(signum, frame):
+            time.sleep(0.5)  # unmounting, removing namespaces
+            (tree / "cleaned").write_text("")
+            sys.exit(1)
+        signal.signal(signal.SIGTERM, cleanup)
+        (tree / "started").write_text("")
+        time.sleep(60)
+        """))
+    tool = subprocess.Popen([sys.executable, "-m", "bench.repro_ab", "--tree", f"slow={slow}",
+                             "--tree", f"base={base}", "--out", str(tmp_path / "out"),
+                             "--workdir", str(tmp_path / "work")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (slow / "started").exists():
+            assert time.monotonic() < deadline and tool.poll() is None
+            time.sleep(0.05)
+        tool.send_signal(signal.SIGTERM)
+        assert tool.wait(timeout=30) != 0
+        assert (slow / "cleaned").exists()
+        assert not (base / "argv.txt").exists()  # no further run started
+    finally:
+        tool.kill()
+        tool.wait()
 
 
 @pytest.mark.parametrize("argv, message", [
