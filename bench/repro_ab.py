@@ -128,7 +128,10 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
                "--results", stem + ".json", "--workdir", workdir]
     print(f"python {' '.join(command[1:])} (in {tree}, log {stem}.log)", flush=True)
     with open(stem + ".log", "w") as log:
-        child = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT)
+        # A session of its own: a terminal's Ctrl-C reaches this tool only, which then stops
+        # the run with one SIGTERM (a second signal would cut its clean-up short).
+        child = subprocess.Popen(command, cwd=tree, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
         try:
             code = child.wait(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:

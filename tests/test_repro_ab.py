@@ -5,6 +5,7 @@ prepared results file (the real bench needs the WAN emulator, a mount and torch)
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -123,9 +124,11 @@ def test_a_failed_run_is_reported_and_fails_the_comparison(
     assert "FileNotFoundError" in (tmp_path / "out" / "broken-1.log").read_text()
 
 
-def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path) -> None:
-    """SIGTERM to the tool reaches the run in progress as SIGTERM, which it cleans up on,
-    and the tool waits for it."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path, signum: int) -> None:
+    """SIGTERM or Ctrl-C to the tool's process group reaches the run in progress as one
+    SIGTERM, which it cleans up on (a second signal would kill it mid-way here), and the tool
+    waits for it."""
     base = _stand_in(tmp_path, "base", cold_seconds=4.4)
     slow = tmp_path / "slow"
     shutil.copytree(base, slow)
@@ -134,23 +137,26 @@ def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path) -> None:
         from pathlib import Path
         tree = Path(__file__).parent.parent
         def cleanup(signum, frame):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one would cut this short
             time.sleep(0.5)  # unmounting, removing namespaces
             (tree / "cleaned").write_text("")
             sys.exit(1)
         signal.signal(signal.SIGTERM, cleanup)
+        signal.signal(signal.SIGINT, cleanup)
         (tree / "started").write_text("")
         time.sleep(60)
         """))
     tool = subprocess.Popen([sys.executable, "-m", "bench.repro_ab", "--tree", f"slow={slow}",
                              "--tree", f"base={base}", "--out", str(tmp_path / "out"),
                              "--workdir", str(tmp_path / "work")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while not (slow / "started").exists():
             assert time.monotonic() < deadline and tool.poll() is None
             time.sleep(0.05)
-        tool.send_signal(signal.SIGTERM)
+        os.killpg(tool.pid, signum)  # as a terminal sends Ctrl-C: to the whole group
         assert tool.wait(timeout=30) != 0
         assert (slow / "cleaned").exists()
         assert not (base / "argv.txt").exists()  # no further run started
