@@ -23,7 +23,9 @@ benches.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +43,7 @@ RUN_TIMEOUT = 3600.0
 variant and target takes ~7 min here)."""
 STOP_TIMEOUT = 60.0
 """Seconds a stopped run may take to unmount and remove what it made before it is killed."""
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 OWN_OPTIONS = ("--repeats", "--results", "--workdir", "--report-only")
 """``bench.repro`` options this tool sets itself for every run."""
 
@@ -108,8 +111,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict[str, str], list[st
     trees: dict[str, str] = {}
     for spec in args.tree:
         name, sep, path = spec.partition("=")
-        if not sep or not name or not os.path.isdir(os.path.join(path, "bench")):
-            parser.error(f"--tree {spec!r}: expected NAME=DIR, DIR holding the repository's "
+        if not sep or not _NAME.fullmatch(name) or not os.path.isdir(os.path.join(path, "bench")):
+            parser.error(f"--tree {spec!r}: expected NAME=DIR, NAME of letters, digits, '-', "
+                         "'_' or '.' (it names the run's files), DIR holding the repository's "
                          "packages")
         if name in trees:
             parser.error(f"--tree {name!r} given twice")
@@ -127,6 +131,8 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
     command = [sys.executable, "-m", "bench.repro", *repro_args, "--repeats", "1",
                "--results", stem + ".json", "--workdir", workdir]
     print(f"python {' '.join(command[1:])} (in {tree}, log {stem}.log)", flush=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(stem + ".json")  # an earlier comparison's: never read as this run's
     with open(stem + ".log", "w") as log:
         # A session of its own: a terminal's Ctrl-C reaches this tool only, which then stops
         # the run with one SIGTERM (a second signal would cut its clean-up short).

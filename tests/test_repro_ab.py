@@ -124,6 +124,20 @@ def test_a_failed_run_is_reported_and_fails_the_comparison(
     assert "FileNotFoundError" in (tmp_path / "out" / "broken-1.log").read_text()
 
 
+def test_a_run_that_leaves_no_results_never_reads_an_earlier_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = _stand_in(tmp_path, "base", cold_seconds=4.4)
+    silent = _stand_in(tmp_path, "silent", cold_seconds=4.0)
+    (silent / "bench" / "repro.py").write_text("")  # exits 0, writes nothing
+    (tmp_path / "out").mkdir()
+    shutil.copy(silent / "prepared.json", tmp_path / "out" / "silent-1.json")  # from before
+    code = main(["--tree", f"base={base}", "--tree", f"silent={silent}", "--rounds", "1",
+                 "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "failed (exit 0)" in out and "silent           -   median -" in out
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path, signum: int) -> None:
     """SIGTERM or Ctrl-C to the tool's process group reaches the run in progress as one
@@ -169,6 +183,7 @@ def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path, signum: int)
     (["--tree", "a=."], "two or more trees"),
     (["--tree", "a=.", "--tree", "a=."], "given twice"),
     (["--tree", "a=/nonexistent", "--tree", "b=."], "expected NAME=DIR"),
+    (["--tree", "a/b=.", "--tree", "b=."], "expected NAME=DIR"),
     (["--tree", "a=.", "--tree", "b=.", "--", "--results=x"], "set by this tool"),
 ])
 def test_bad_arguments_are_refused(argv: list[str], message: str,
