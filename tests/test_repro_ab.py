@@ -37,14 +37,15 @@ def test_each_tree_runs_first_once_in_as_many_rounds(names: list[str]) -> None:
 
 
 def test_best_is_the_lower_time_or_the_higher_share() -> None:
-    def time(value: float) -> Figure:
+    def duration(value: float) -> Figure:
         return Figure(value, at_least=False)
 
     def share(value: float) -> Figure:
         return Figure(value, at_least=True)
 
-    counts, rounds = best_counts({"base": [time(1.10), time(1.05), time(1.07), None],
-                                  "change": [time(1.04), time(1.05), time(1.09), time(1.0)]})
+    counts, rounds = best_counts({
+        "base": [duration(1.10), duration(1.05), duration(1.07), None],
+        "change": [duration(1.04), duration(1.05), duration(1.09), duration(1.0)]})
     assert (counts, rounds) == ({"base": 2, "change": 2}, 3)  # a tie counts for both
     counts, rounds = best_counts({"base": [share(0.91)], "change": [share(0.94)]})
     assert (counts, rounds) == ({"base": 0, "change": 1}, 1)
