@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.mount_procs import exit_on_sigterm
-from bench.proc_cpu import STOLEN
+from bench.proc_cpu import DAEMON, STOLEN
 from bench.repro import DEFAULT_WORKDIR, load_results
-from bench.repro_scenarios import checks
+from bench.repro_scenarios import SPOKE, Scenario, checks
 
 DEFAULT_ROUNDS = 3
 RUN_TIMEOUT = 3600.0
@@ -81,11 +81,19 @@ def best_counts(figures: dict[str, list[Figure | None]]) -> tuple[dict[str, int]
 
 
 def run_figures(results_path: str) -> tuple[dict[str, Figure], float]:
-    """The measured targets of one results file, and the CPU seconds the hypervisor took over
-    its runs' loops."""
+    """The measured targets of one results file, then the spoke daemon's CPU seconds over each
+    of its runs' loops (steadier than the times on a shared machine, and what most changes to
+    the daemon move), and the CPU seconds the hypervisor took over all of its runs' loops."""
     meta, runs = load_results(results_path)
     found = {c.name: Figure(c.value, c.at_least)
              for c in checks(runs, meta["link"]["rate_bps"]) if c.value is not None}
+    for key, by_repeat in runs.items():
+        scenario = Scenario.parse(key)
+        daemon = [r.cpu_seconds[DAEMON] for r in by_repeat.values()
+                  if r.cpu_seconds and DAEMON in r.cpu_seconds]
+        if scenario.target == SPOKE and daemon:
+            found[f"{scenario.variant}, {scenario.label}: {DAEMON} CPU seconds over the loop"] = \
+                Figure(statistics.median(daemon), at_least=False)
     stolen = sum((r.cpu_seconds or {}).get(STOLEN, 0.0) for by in runs.values()
                  for r in by.values())
     return found, stolen

@@ -19,13 +19,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.proc_cpu import STOLEN
+from bench.proc_cpu import DAEMON, STOLEN
 from bench.repro_ab import Figure, best_counts, main, rotation, run_figures
 from bench.repro_loader import LoopTrace
 from bench.repro_scenarios import COLD, LOCAL, SHUFFLED, SPOKE, Scenario
 from bench.repro_stats import RunRecord
 
 COLD_SHUFFLE = "cold spoke, shuffled with hints: whole-run time vs hub-local"
+DAEMON_CPU = "shuffled, spoke cold: spoke daemon CPU seconds over the loop"
 
 
 @given(st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=6, unique=True))
@@ -60,14 +61,16 @@ def _results(path: Path, cold_seconds: float, stolen: float) -> None:
         return RunRecord(key, 0, trace, seconds, cpu_seconds=cpu).to_json()
 
     runs = [record(Scenario(SHUFFLED, LOCAL).key, 4.0, {STOLEN: 0.5}),
-            record(Scenario(SHUFFLED, SPOKE, COLD).key, cold_seconds, {STOLEN: stolen})]
+            record(Scenario(SHUFFLED, SPOKE, COLD).key, cold_seconds,
+                   {STOLEN: stolen, DAEMON: 3 * cold_seconds})]
     path.write_text(json.dumps({"meta": {"link": {"rate_bps": 200e6}}, "runs": runs}))
 
 
 def test_a_results_file_gives_its_targets_and_the_stolen_time(tmp_path: Path) -> None:
     _results(tmp_path / "r.json", cold_seconds=4.4, stolen=1.5)
     found, stolen = run_figures(str(tmp_path / "r.json"))
-    assert found == {COLD_SHUFFLE: Figure(pytest.approx(1.1), at_least=False)}
+    assert found == {COLD_SHUFFLE: Figure(pytest.approx(1.1), at_least=False),
+                     DAEMON_CPU: Figure(pytest.approx(13.2), at_least=False)}
     assert stolen == pytest.approx(2.0)
 
 
@@ -107,6 +110,7 @@ def test_trees_are_compared_round_by_round(tmp_path: Path,
     assert COLD_SHUFFLE in report
     assert "base             1.100 1.100   median 1.100, best in 0 of 2" in report
     assert "change           1.050 1.050   median 1.050, best in 2 of 2" in report
+    assert DAEMON_CPU in report and "base             13.200 13.200" in report
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         f"{name}-{r}.{ext}" for name in ("base", "change") for r in (1, 2)
         for ext in ("json", "log")]
