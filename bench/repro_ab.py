@@ -5,19 +5,19 @@ figures side by side, round by round.
                              [--workdir DIR] -- [bench.repro options]
 
 Why: on this shared machine one tree's runs spread by more than most changes move a figure
-(the hypervisor alone took up to 40 % of the CPUs in some minutes), so a change is judged by
-runs of both trees interleaved, and by how often each came out ahead within a round, not by a
-figure set against one measured an hour before. Each tree is a directory holding the
-repository's packages (``git archive REV | tar -x -C DIR``); its runs start in it (``python
--m`` puts the current directory first on the module path, and the hub and the daemon are
-started the same way) with this interpreter. One run per tree and round (``--repeats 1``), the
-trees' order rotating from round to round. Every run's results JSON and log stay in ``--out``.
-After each run it prints the run's measured targets and the CPU time the hypervisor took
-during its loops; at the end, per target, each tree's figures and in how many rounds each tree
-did best. The figures are ratios to hub-local's run in the same ``bench.repro`` run, so
-``--targets`` must include hub-local (the default does). Ctrl-C or SIGTERM stops the run in
-progress as it would stop on its own. Wrap it in ``flock /tmp/nc-bench.lock`` as the other
-benches.
+(the hypervisor alone took up to 43 % of the CPUs in some minutes, docs/repro.md), so a change
+is judged by runs of both trees interleaved, and by how often each came out ahead within a
+round, not by a figure set against one measured an hour before. Each tree is a directory
+holding the repository's packages (``git archive REV | tar -x -C DIR``); its runs start in it
+(``python -m`` puts the current directory first on the module path, and the hub and the daemon
+are started the same way) with this interpreter. One run per tree and round (``--repeats 1``),
+the trees' order rotating from round to round. Every run's results JSON and log stay in
+``--out``. After each run it prints the run's measured targets, the spoke daemon's CPU seconds
+over each spoke run's loop and the CPU time the hypervisor took during the loops; at the end,
+per figure, each tree's values, their median and in how many rounds each tree did best. The
+targets are ratios to hub-local's run in the same ``bench.repro`` run, so ``--targets`` must
+include hub-local (the default does). Ctrl-C or SIGTERM stops the run in progress as it would
+stop on its own. Wrap it in ``flock /tmp/nc-bench.lock`` as the other benches.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from bench.repro_scenarios import SPOKE, Scenario, checks
 
 DEFAULT_ROUNDS = 3
 RUN_TIMEOUT = 3600.0
-"""Seconds one ``bench.repro`` run may take before it is killed (a full-size run of every
+"""Seconds one ``bench.repro`` run may take before it is stopped (a full-size run of every
 variant and target takes ~7 min here)."""
 STOP_TIMEOUT = 60.0
 """Seconds a stopped run may take to unmount and remove what it made before it is killed."""
