@@ -1,5 +1,4 @@
-"""Source trees compared by the same ``bench.repro`` runs, interleaved: the issue's target
-figures side by side, round by round.
+"""Source trees compared by the same bench.repro runs, interleaved round by round.
 
     python -m bench.repro_ab --tree base=DIR --tree change=DIR [--rounds 3] [--out DIR]
                              [--workdir DIR] -- [bench.repro options]
