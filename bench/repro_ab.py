@@ -106,8 +106,10 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict[str, str], list[st
     """This tool's options, its trees by name, and the options passed on to ``bench.repro``."""
     own, repro_args = ((argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv
                        else (argv, []))
-    parser = argparse.ArgumentParser(prog="python -m bench.repro_ab",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.repro_ab", description=__doc__.split("\n")[0],
+        epilog=f"Options after -- go to every bench.repro run, but {', '.join(OWN_OPTIONS)}, "
+               "which this tool sets.")
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=DIR",
                         help="a source tree to run bench.repro from (two or more)")
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
