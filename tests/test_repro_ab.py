@@ -4,6 +4,7 @@ prepared results file (the real bench needs the WAN emulator, a mount and torch)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -152,7 +153,7 @@ def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path, signum: int)
     slow = tmp_path / "slow"
     shutil.copytree(base, slow)
     (slow / "bench" / "repro.py").write_text(textwrap.dedent("""\
-        import signal, sys, time
+        import os, signal, sys, time
         from pathlib import Path
         tree = Path(__file__).parent.parent
         def cleanup(signum, frame):
@@ -162,7 +163,7 @@ def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path, signum: int)
             sys.exit(1)
         signal.signal(signal.SIGTERM, cleanup)
         signal.signal(signal.SIGINT, cleanup)
-        (tree / "started").write_text("")
+        (tree / "started").write_text(str(os.getpid()))
         time.sleep(60)
         """))
     tool = subprocess.Popen([sys.executable, "-m", "bench.repro_ab", "--tree", f"slow={slow}",
@@ -182,6 +183,8 @@ def test_a_stopped_comparison_lets_its_run_clean_up(tmp_path: Path, signum: int)
     finally:
         tool.kill()
         tool.wait()
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int((slow / "started").read_text()), signal.SIGKILL)  # if still running
 
 
 @pytest.mark.parametrize("argv, message", [
