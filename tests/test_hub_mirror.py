@@ -18,8 +18,8 @@ import trio
 
 from fabric.export import Export
 from fabric.hub import OUTBOX_FRAMES, HubServer, _Link, _Outbox
-from fabric.protocol import (MIRROR_VERSION, PROTOCOL_VERSION, Hello, MetaRequest, Mirror,
-                             ReadReply, ReadRequest, Role, Welcome, encode)
+from fabric.protocol import (MIRROR_VERSION, PROTOCOL_VERSION, Hello, MetaEntry, MetaRequest,
+                             Mirror, ReadReply, ReadRequest, Role, Welcome, encode)
 from fabric.transport import tcp
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
@@ -60,6 +60,13 @@ def added(before: dict[str, float]) -> dict[str, float]:
     return {o: n - before[o] for o, n in outcomes().items() if n != before[o]}
 
 
+def read_frame(f: MetaEntry, req_id: int, block: int, mirror_of: int | None = None) -> bytes:
+    """A request for block ``block`` of ``f`` as ``req_id``; with ``mirror_of``, the copy of
+    one that belongs on that link (its Mirror first)."""
+    frame = encode(ReadRequest(req_id, f.file_id, f.version, block, 1))
+    return frame if mirror_of is None else encode(Mirror(mirror_of)) + frame
+
+
 async def reply_to(conn: RawSpoke, req_id: int, root: Path, first: int) -> None:
     """The next message on ``conn`` is the reply to ``req_id``: block ``first`` of the file."""
     reply = await conn.receive()
@@ -76,19 +83,18 @@ async def test_a_pair_is_served_once_on_the_connection_it_names(export_dir: Path
         async with bulk_connection(hub.port, "s", 1) as one, \
                 bulk_connection(hub.port, "s", 2) as two:
             # The copy on the other connection comes first, then the one on its own.
-            pair = encode(Mirror(1)) + encode(ReadRequest(7, f.file_id, f.version, 3, 1))
+            pair = read_frame(f, 7, 3, mirror_of=1)
             await two.stream.send_all(pair)
             await reply_to(one, 7, export_dir, 3)
             await one.stream.send_all(pair)
             # Its own copy first, then the other. A plain request after each shows that
             # nothing else came on either connection before it.
-            pair = encode(Mirror(1)) + encode(ReadRequest(8, f.file_id, f.version, 4, 1))
+            pair = read_frame(f, 8, 4, mirror_of=1)
             await one.stream.send_all(pair)
             await reply_to(one, 8, export_dir, 4)
             await two.stream.send_all(pair)
             for conn, req_id in ((one, 9), (two, 10)):
-                await conn.stream.send_all(encode(ReadRequest(req_id, f.file_id, f.version,
-                                                              req_id, 1)))
+                await conn.stream.send_all(read_frame(f, req_id, req_id))
                 await reply_to(conn, req_id, export_dir, req_id)
         hub.stop()
     assert added(before) == {"served": 2, "duplicate": 2}
@@ -104,13 +110,11 @@ async def test_links_are_named_per_spoke_and_a_gone_one_gets_nothing(export_dir:
                 bulk_connection(hub.port, "b", 1) as b1, \
                 bulk_connection(hub.port, "b", 2) as b2:
             # b's link 1 is b1, not a's connection of the same number.
-            await b2.stream.send_all(encode(Mirror(1)) + encode(
-                ReadRequest(5, f.file_id, f.version, 5, 1)))
+            await b2.stream.send_all(read_frame(f, 5, 5, mirror_of=1))
             await reply_to(b1, 5, export_dir, 5)
             # A link nobody said hello with: dropped, and the connection goes on.
-            await a1.stream.send_all(encode(Mirror(3)) + encode(
-                ReadRequest(6, f.file_id, f.version, 6, 1)))
-            await a1.stream.send_all(encode(ReadRequest(11, f.file_id, f.version, 11, 1)))
+            await a1.stream.send_all(read_frame(f, 6, 6, mirror_of=3))
+            await a1.stream.send_all(read_frame(f, 11, 11))
             await reply_to(a1, 11, export_dir, 11)
         hub.stop()
     assert added(before) == {"served": 1, "no_link": 1}
