@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from bench.mount_procs import exit_on_sigterm
 from bench.proc_cpu import DAEMON, STOLEN
 from bench.repro import DEFAULT_WORKDIR, load_results
+from bench.repro_procs import stop_process
 from bench.repro_scenarios import SPOKE, Scenario, checks
 
 DEFAULT_ROUNDS = 3
@@ -150,10 +151,10 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
         try:
             code = child.wait(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
-            _stop(child)
+            stop_process(child, STOP_TIMEOUT)  # a run cleans up on SIGTERM
             code = -1
         except BaseException:  # Ctrl-C, SIGTERM: the run cleans up before this tool exits
-            _stop(child)
+            stop_process(child, STOP_TIMEOUT)
             raise
     if code != 0 or not os.path.exists(stem + ".json"):
         print(f"  failed (exit {code}); see the log", flush=True)
@@ -163,17 +164,6 @@ def _run(tree: str, stem: str, repro_args: list[str], workdir: str) -> dict[str,
         print(f"  {target}: {figure.value:.3f}", flush=True)
     print(f"  CPU taken by the hypervisor over the loops: {stolen:.1f} s", flush=True)
     return found
-
-
-def _stop(child: subprocess.Popen[bytes]) -> None:
-    """Stop a run the way it cleans up after itself (SIGTERM: it unmounts, stops what it
-    started and removes its namespaces), killing it only if that takes too long."""
-    child.terminate()
-    try:
-        child.wait(timeout=STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        child.kill()
-        child.wait()
 
 
 def _report(table: dict[str, dict[str, list[Figure | None]]]) -> None:

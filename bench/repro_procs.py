@@ -46,12 +46,13 @@ def free_port(link: WanLink, side: str, host: str) -> int:
         return s.getsockname()[1]
 
 
-def stop_process(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after STOP_WAIT: a process gets the chance to unmount cleanly."""
+def stop_process(proc: subprocess.Popen, wait: float = STOP_WAIT) -> None:
+    """SIGTERM, then SIGKILL after ``wait`` seconds: a process gets the chance to unmount
+    cleanly."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(STOP_WAIT)
+            proc.wait(wait)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
