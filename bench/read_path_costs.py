@@ -223,7 +223,7 @@ async def _measure(cache: BlockCache, env: lmdb.Environment, blocks: int) -> lis
     probe = ResidencyProbe()
 
     def addresses(first: int, count: int) -> list[int]:
-        return [cache._addresses[k] for k in keys(first, count)]
+        return [cache._addresses[k] for k in cache.keys.run(FILE_ID, VERSION, first, count)]
 
     def resident(first: int, count: int) -> bytes | None:
         found = store.read_run_resident(FILE_ID, VERSION, first, count,

@@ -13,15 +13,17 @@ calls are), with the stand-in's speed meanwhile: what the writer costs the loop.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import tempfile
 import threading
 import time
-from typing import Callable
+from typing import Callable, Hashable
 
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.cache_writer import CacheWriter
+from fuse_mount.key_space import KeySpace
 from neuralcache.blocks import BLOCK_SIZE
 
 LOOP_WORK = 300
@@ -60,11 +62,13 @@ class BusyLoop:
         self._thread.join()
 
 
-def time_batches(write: Callable[..., object], batches: int, blocks: int) -> list[float]:
+def time_batches(write: Callable[..., object], key: Callable[[int], Hashable], batches: int,
+                 blocks: int) -> list[float]:
+    """Times of ``batches`` writes of ``blocks`` blocks each, block ``b`` named ``key(b)``."""
     data = os.urandom(BLOCK_SIZE)
     times = []
     for n in range(batches):
-        puts = {BlockKey(1, 1, n * blocks + i): data for i in range(blocks)}
+        puts = {key(n * blocks + i): data for i in range(blocks)}
         started = time.perf_counter()
         write(puts, [], dict.fromkeys(puts, (1, BLOCK_SIZE, None)))
         times.append(time.perf_counter() - started)
@@ -93,13 +97,18 @@ def main() -> None:
         for busy in (False, True):
             with tempfile.TemporaryDirectory(prefix="nc-write-contention-") as path:
                 store = BlockStore(path, capacity)
-                writer = CacheWriter(store.path, store.capacity, store.map_base)
+                keys = KeySpace()
+                writer = CacheWriter(store.path, store.capacity, store.map_base, keys)
                 write = store.write_batch if where == "thread" else writer.write_batch
+                # The store takes BlockKeys, the writer process the daemon's int keys.
+                key: Callable[[int], Hashable] = (functools.partial(BlockKey, 1, 1)
+                                                  if where == "thread"
+                                                  else functools.partial(keys.key, 1, 1))
                 if where == "process":
                     write({}, [], {})  # start the child before the clock does
                 result: list[float] = []
                 run = threading.Thread(target=lambda: result.extend(
-                    time_batches(write, args.batches, args.blocks)))
+                    time_batches(write, key, args.batches, args.blocks)))
                 started = time.perf_counter()
                 if busy:
                     with BusyLoop() as loop:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import trio
 
@@ -22,8 +22,9 @@ from fabric.job_threads import JobThreads
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
-from .block_store import VALUE_BYTES, BlockKey, BlockStore, KeyTuple, run_keys
+from .block_store import VALUE_BYTES, BlockKey, BlockStore
 from .cache_writer import CacheWriteError, CacheWriter
+from .key_space import KeySpace
 from .residency import ResidencyProbe, will_need
 
 log = logging.getLogger(__name__)
@@ -46,28 +47,24 @@ _THREAD_READS = metrics.CACHE_RUN_READS.labels(metrics.PATH_THREAD)
 _DELETED = None  # marker in the pending-ops map: the key was evicted
 
 
-def _held_key(key: BlockKey | KeyTuple) -> KeyTuple:
-    """The form of a key the cache keeps for as long as it holds the block: a plain tuple.
-
-    The garbage collector stops tracking a tuple of ints once it has seen it, but follows a
-    ``BlockKey`` (a tuple subclass) on every full collection: with one per cached block, a full
-    collection with a 4 GiB cache loaded paused the event loop 211 ms, 43 ms with plain tuples
-    (``python -m bench.gc_pause``), and pauses grow with the cache.
-    """
-    return tuple(key)  # type: ignore[return-value]
-
-
 class BlockCache:
-    """Blocks by key, bounded by ``capacity`` bytes."""
+    """Blocks by key, bounded by ``capacity`` bytes.
+
+    Inside, every block is keyed by its int from ``keys`` (``key_space``: the policy, the
+    stamps, the addresses, the queued writes); ``BlockKey``s are what the cache takes and
+    hands out at its edges (``get_many``, ``drop``, ``purge``, the watcher's callbacks).
+    """
 
     def __init__(self, store: BlockStore, capacity: int) -> None:
         self.store = store
-        self.writer = CacheWriter(store.path, store.capacity, store.map_base)
+        self.keys = KeySpace()
+        self.writer = CacheWriter(store.path, store.capacity, store.map_base, self.keys)
         self.policy = LruPolicy(capacity)
-        self._ops: dict[BlockKey, bytes | None] = {}  # not yet handed to the writer
-        self._writing: dict[BlockKey, bytes | None] = {}  # being written right now
-        self._stamps: dict[BlockKey | KeyTuple, int] = {}
-        self._stale: dict[BlockKey | KeyTuple, None] = {}
+        """Held blocks by int key (``keys``), least recently used first."""
+        self._ops: dict[int, bytes | None] = {}  # not yet handed to the writer
+        self._writing: dict[int, bytes | None] = {}  # being written right now
+        self._stamps: dict[int, int] = {}
+        self._stale: dict[int, None] = {}
         """Keys of a failed batch (see ``_drop_unwritten``), whose rows LMDB may hold though the
         cache no longer counts them: deleted with the next batch."""
         self._clock = 0
@@ -77,7 +74,7 @@ class BlockCache:
         self._protected: Callable[[BlockKey], bool] | None = None
         self._reader = JobThreads()
         self._probe = ResidencyProbe()  # used on the event loop only
-        self._addresses: dict[BlockKey | KeyTuple, int] = {}
+        self._addresses: dict[int, int] = {}
         """Where each block's value lay in LMDB's map when it was last written or read in the
         reader thread, for the residency check of inline reads; forgotten at any later change
         to the key. Known at mount for blocks whose stamp row records where they lie (see
@@ -96,24 +93,32 @@ class BlockCache:
         self._on_dropped = on_dropped
         self._protected = protected
 
-    def _spared(self, key: KeyTuple) -> bool:
+    def _spared(self, key: int) -> bool:
         """The policy's eviction predicate: is this held key protected by the watcher?"""
-        return self._protected is not None and self._protected(BlockKey._make(key))
+        return self._protected is not None and self._protected(self.keys.block_key(key))
 
-    def _dropped(self, key: BlockKey | KeyTuple) -> None:
+    def _dropped(self, key: int) -> None:
         if self._on_dropped is not None:
-            self._on_dropped(BlockKey._make(key))
+            self._on_dropped(self.keys.block_key(key))
+
+    def holds(self, key: BlockKey) -> bool:
+        """Whether the cache holds this block."""
+        return self.policy.holds(self.keys.key(*key))
+
+    def held_keys(self) -> list[BlockKey]:
+        """The held blocks, least recently used first."""
+        return list(map(self.keys.block_key, self.policy.oldest_first()))
 
     def _load_index(self) -> None:
-        # The index's keys are plain tuples, and so is every key the policy and the address
-        # map keep (see ``_held_key``).
         read_ahead = self.store.page_in_trees()
         log.info("reading the cache's index (%d pages of its tables read ahead)", read_ahead)
+        key_of = self.keys.key
         for entry in self.store.index():
+            key = key_of(*entry.key)
             self._clock = max(self._clock, entry.stamp)
             if entry.address is not None:
-                self._addresses[entry.key] = entry.address
-            for old in self.policy.insert(entry.key, entry.size):
+                self._addresses[key] = entry.address
+            for old in self.policy.insert(key, entry.size):
                 self._record(old, _DELETED)
         metrics.CACHE_CAPACITY_BYTES.set(self.policy.capacity)
         self._update_gauges()
@@ -121,7 +126,7 @@ class BlockCache:
     def _update_gauges(self) -> None:
         metrics.CACHE_USED_BYTES.set(self.policy.used)
 
-    def _record(self, key: BlockKey, data: bytes | None) -> None:
+    def _record(self, key: int, data: bytes | None) -> None:
         self._ops[key] = data
         self._addresses.pop(key, None)
         if data is _DELETED:
@@ -131,7 +136,8 @@ class BlockCache:
     def purge(self, keep: Any) -> int:
         """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the
         hub)."""
-        stale = [k for k in self.policy.oldest_first() if not keep(BlockKey._make(k))]
+        block_key = self.keys.block_key
+        stale = [k for k in self.policy.oldest_first() if not keep(block_key(k))]
         for key in stale:
             self.policy.remove(key)
             self._record(key, _DELETED)
@@ -145,7 +151,8 @@ class BlockCache:
         prefetcher knows those blocks must be fetched again.
         """
         dropped = 0
-        for key in keys:
+        for block_key in keys:
+            key = self.keys.key(*block_key)
             if self.policy.remove(key):
                 self._record(key, _DELETED)
                 self._dropped(key)
@@ -153,14 +160,14 @@ class BlockCache:
         self._update_gauges()
         return dropped
 
-    def _stamp(self, keys: list[BlockKey] | list[KeyTuple]) -> None:
+    def _stamp(self, keys: Sequence[int]) -> None:
         """Give ``keys`` the next last-use stamps, in order. They ride along with the next batch
         of puts (or the flush at unmount): waking the writer for every hit would put a write
         transaction behind each warm read."""
         self._stamps.update(zip(keys, itertools.count(self._clock + 1)))
         self._clock += len(keys)
 
-    def _touch(self, keys: list[BlockKey] | list[KeyTuple]) -> None:
+    def _touch(self, keys: Iterable[int]) -> None:
         """Record a use of the held ones among ``keys``, in order.
 
         A block evicted or purged while its disk read ran is still correct to return, but
@@ -181,7 +188,7 @@ class BlockCache:
         """
         if count <= 0:
             return b""
-        keys = run_keys(file_id, version, first, count)
+        keys = self.keys.run(file_id, version, first, count)
         holds = self.policy.holds
         if not (holds(keys[0]) and holds(keys[-1])):
             return None
@@ -223,16 +230,16 @@ class BlockCache:
         whose place in the map is known; nothing if all of them are resident already. Advice:
         the call returns once the reads are started (``madvise(MADV_WILLNEED)``, in the reader
         thread, as starting them may wait for the disk's queue)."""
-        get = self._addresses.get
+        get, run = self._addresses.get, self.keys.run
         addresses = [a for file_id, version, first, stop in runs
-                     for key in run_keys(file_id, version, first, stop - first)
+                     for key in run(file_id, version, first, stop - first)
                      if (a := get(key)) is not None]
         if not addresses or self._probe.all_resident(addresses, VALUE_BYTES):
             return
         await self._reader.run(will_need, addresses, VALUE_BYTES)
         metrics.CACHE_PAGE_IN_BLOCKS.inc(len(addresses))
 
-    def _learn_addresses(self, keys: list[KeyTuple], addresses: list[int]) -> None:
+    def _learn_addresses(self, keys: range, addresses: list[int]) -> None:
         """Remember where a thread read found these values, for the ones nothing has changed
         since (held, and no write of them queued or running)."""
         ops, writing, holds = self._ops, self._writing, self.policy.holds
@@ -243,28 +250,31 @@ class BlockCache:
         """The blocks among ``keys`` that the cache holds."""
         found: dict[BlockKey, bytes] = {}
         to_read: list[BlockKey] = []
-        for key in keys:
+        key_of = self.keys.key
+        for block_key in keys:
+            key = key_of(*block_key)
             if key not in self.policy:
                 continue
             data = self._ops.get(key, self._writing.get(key))
             if data is not None:
-                found[key] = data
+                found[block_key] = data
             else:
-                to_read.append(key)
+                to_read.append(block_key)
         if to_read:
             stored, corrupt = await self._reader.run(self.store.get_many, to_read)
             found.update(stored)
-            for key in corrupt:
-                log.error("cache block %s failed its checksum; dropping it", key)
+            for block_key in corrupt:
+                log.error("cache block %s failed its checksum; dropping it", block_key)
                 metrics.CACHE_CORRUPT_BLOCKS.inc()
+                key = key_of(*block_key)
                 self.policy.remove(key)
                 self._record(key, _DELETED)
                 self._dropped(key)
             self._update_gauges()
-        self._touch(list(found))
+        self._touch([key_of(*block_key) for block_key in found])
         return found
 
-    def put(self, key: BlockKey | KeyTuple, data: bytes) -> None:
+    def put(self, key: BlockKey, data: bytes) -> None:
         """Hold a verified block; evicts least recently used blocks past capacity."""
         file_id, version, block = key
         self.put_run(file_id, version, block, [data])
@@ -274,7 +284,7 @@ class BlockCache:
         done once for the run: a fetch that lands is a run of up to a request's
         ``MAX_READ_BLOCKS``, and a ``put`` each (a gauge update, a wake-up of the writer, a
         stamp) was a sizeable part of landing it."""
-        keys = run_keys(file_id, version, first, len(blocks))
+        keys = self.keys.run(file_id, version, first, len(blocks))
         evicted = self.policy.insert_many(list(zip(keys, map(len, blocks))), self._spared)
         if evicted:
             metrics.CACHE_EVICTIONS.inc(len(evicted))
@@ -336,14 +346,14 @@ class BlockCache:
             # A key changed again meanwhile (evicted, say) has its new op queued: that write
             # will move or free the value, so its address is not worth keeping. (The writer
             # put the others' addresses in their stamp rows, for the next mount.)
-            self._addresses.update((_held_key(k), a) for k, a in written.items()
+            self._addresses.update((k, a) for k, a in written.items()
                                    if k not in self._ops and k in self.policy)
         finally:
             self._writing = {}
         if not self._ops:
             self._work = trio.Event()
 
-    def _drop_unwritten(self, puts: dict[BlockKey, bytes], deletes: list[BlockKey | KeyTuple],
+    def _drop_unwritten(self, puts: dict[int, bytes], deletes: list[int],
                         exc: Exception) -> None:
         """A batch failed (disk or map full, or the writer died, maybe after its commit): forget
         its blocks so they are simply re-fetched, and have the next batch delete them and the

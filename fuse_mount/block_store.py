@@ -83,24 +83,11 @@ class BlockKey(NamedTuple):
 
 
 KeyTuple = tuple[int, int, int]
-"""A block key as a plain tuple: equal to, and hashing like, the ``BlockKey`` it names. What the
-cache keeps per held block (the garbage collector leaves plain tuples of ints alone)."""
-
-
-def run_keys(file_id: int, version: int, first: int, count: int) -> list[KeyTuple]:
-    """The keys of blocks ``[first, first + count)`` of one file version, as plain tuples.
-
-    They find the same entries as ``BlockKey``s in dicts keyed by them, and cost less: built
-    in C (a 1 MiB read needs 256), and, unlike instances of a tuple subclass, left alone by
-    the garbage collector once it has seen them, so the last-use stamps that warm reads leave
-    behind in memory do not make every collection walk the whole cache.
-    """
-    return list(zip(itertools.repeat(file_id, count), itertools.repeat(version, count),
-                    range(first, first + count)))
+"""A block key as a plain tuple, equal to the ``BlockKey`` it names (cheaper to make)."""
 
 
 class IndexEntry(NamedTuple):
-    key: KeyTuple  # a plain tuple: the cache keeps it for as long as it holds the block
+    key: KeyTuple
     size: int
     stamp: int
     address: int | None  # of the value in this process's map, if its row says where it lies
@@ -323,8 +310,8 @@ class BlockStore:
             return None
         return self.read_run(file_id, version, first, count)
 
-    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey | KeyTuple],
-                    stamps: dict[BlockKey | KeyTuple, tuple[int, int, int | None]]
+    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
+                    stamps: dict[BlockKey, tuple[int, int, int | None]]
                     ) -> dict[BlockKey, int]:
         """Apply one batch in one write transaction (all or nothing); returns where in the map
         each put value now lies (see ``read_run_resident``). ``stamps`` maps a key to its

@@ -10,11 +10,14 @@ released, and gets back where each value landed, as an offset in the cache file 
 maps the file at its own address).
 
 Messages both ways are a 4-byte big-endian length and a msgpack body. A request is
-``[base, put keys, put bytes, delete keys, stamp keys, stamp values]``: the daemon's map
-address, then flat lists (three ints per key; stamp, size and address or None per stamp row,
-addresses in the daemon's map). The answer is ``["ok", offsets]``, each put's value's offset
-in the file in the puts' order, or ``["error", text]``. The child leaves when the socket
-closes, so it never outlives the daemon, even one killed with SIGKILL.
+``[base, new slots, put keys, put bytes, delete keys, stamp keys, stamp values]``: the daemon's
+map address, then flat lists. Keys are the daemon's ints (``key_space``); "new slots" are the
+``(file id, version)`` pairs of the slots added since the child's last request (all of them
+for a new child), from which it rebuilds each key's ``BlockKey``. Stamp values are three per
+row: stamp, size and address or None (addresses in the daemon's map). The answer is ``["ok",
+offsets]``, each put's value's offset in the file in the puts' order, or ``["error", text]``.
+The child leaves when the socket closes, so it never outlives the daemon, even one killed with
+SIGKILL.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any, Iterable
 
 import msgpack
 
-from .block_store import BlockKey, BlockStore, KeyTuple
+from .block_store import BlockKey, BlockStore
+from .key_space import BLOCK_BITS, BLOCK_MASK, KeySpace
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +74,16 @@ class CacheWriter:
 
     ``map_base`` is where this process maps the cache file (``BlockStore.map_base``): it goes
     to the child with the addresses in this process's map, which the child turns into its own;
-    the child answers with offsets in the file. One batch at a time: the cache's write lock
-    sees to that.
+    the child answers with offsets in the file. ``keys`` names the batches' int keys. One batch
+    at a time: the cache's write lock sees to that.
     """
 
-    def __init__(self, path: str, capacity: int, map_base: int | None) -> None:
+    def __init__(self, path: str, capacity: int, map_base: int | None, keys: KeySpace) -> None:
         self._path = path
         self._capacity = capacity
         self._base = map_base
+        self._keys = keys
+        self._slots_sent = 0  # slots the running child knows
         self._sock: socket.socket | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -93,21 +99,21 @@ class CacheWriter:
                 [sys.executable, "-m", __name__, str(theirs.fileno()), self._path,
                  str(self._capacity)], pass_fds=[theirs.fileno()])
         self._sock = ours
+        self._slots_sent = 0
         return ours
 
-    def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey | KeyTuple],
-                    stamps: dict[BlockKey | KeyTuple, tuple[int, int, int | None]]
-                    ) -> dict[BlockKey, int]:
+    def write_batch(self, puts: dict[int, bytes], deletes: Iterable[int],
+                    stamps: dict[int, tuple[int, int, int | None]]) -> dict[int, int]:
         """Write one batch (all or nothing) and return where each put value now lies in this
         process's map, as ``BlockStore.write_batch`` does; blocks until the child has
         committed it."""
+        sock = self._sock or self._start()
+        versions = self._keys.versions[self._slots_sent:]
         # Flat lists, built in C rather than a list per key in Python: this holds the GIL,
         # which the event loop wants.
         request = msgpack.packb([
-            self._base, list(chain.from_iterable(puts)), list(puts.values()),
-            list(chain.from_iterable(deletes)),
-            list(chain.from_iterable(stamps)), list(chain.from_iterable(stamps.values()))])
-        sock = self._sock or self._start()
+            self._base, list(chain.from_iterable(versions)), list(puts), list(puts.values()),
+            list(deletes), list(stamps), list(chain.from_iterable(stamps.values()))])
         try:
             _send(sock, request)
             answer = _receive(sock)
@@ -117,6 +123,7 @@ class CacheWriter:
         if answer is None:
             self._stop()
             raise CacheWriteError("the cache writer process exited")
+        self._slots_sent += len(versions)
         status, result = msgpack.unpackb(answer)
         if status != "ok":
             raise CacheWriteError(result)
@@ -143,23 +150,27 @@ class CacheWriter:
         self._stop()
 
 
-def _triples(flat: list[Any]) -> list[Any]:
-    """``[a, b, c, d, e, f]`` -> ``[(a, b, c), (d, e, f)]``."""
-    return list(zip(*[iter(flat)] * 3))
+def _groups(flat: list[Any], size: int) -> list[Any]:
+    """``[a, b, c, d, e, f]``, size 3 -> ``[(a, b, c), (d, e, f)]``."""
+    return list(zip(*[iter(flat)] * size))
 
 
-def _write(store: BlockStore, request: Any) -> list[int | None]:
-    """Write one request; the offset of each put's value in the file, in the puts' order."""
-    their_base, put_keys, datas, deletes, stamp_keys, stamp_values = request
+def _write(store: BlockStore, slots: list[tuple[int, int]], request: Any) -> list[int | None]:
+    """Write one request; the offset of each put's value in the file, in the puts' order.
+    ``slots``, the ``(file id, version)`` of each slot so far, grows by the request's new ones."""
+    their_base, new_slots, put_keys, datas, deletes, stamp_keys, stamp_values = request
+    slots.extend(_groups(new_slots, 2))
+
+    def block_key(key: int) -> BlockKey:
+        return BlockKey(*slots[key >> BLOCK_BITS], key & BLOCK_MASK)
     base = store.map_base
     shift = None if base is None or their_base is None else base - their_base
-    puts = dict(zip(map(BlockKey._make, _triples(put_keys)), datas))
-    stamps = {BlockKey._make(key): (stamp, size,
-                                    address + shift if address is not None
-                                    and shift is not None else None)
-              for key, (stamp, size, address) in zip(_triples(stamp_keys),
-                                                     _triples(stamp_values))}
-    written = store.write_batch(puts, [BlockKey._make(k) for k in _triples(deletes)], stamps)
+    puts = dict(zip(map(block_key, put_keys), datas))
+    stamps = {block_key(key): (stamp, size,
+                               address + shift if address is not None
+                               and shift is not None else None)
+              for key, (stamp, size, address) in zip(stamp_keys, _groups(stamp_values, 3))}
+    written = store.write_batch(puts, list(map(block_key, deletes)), stamps)
     if base is None:
         return []
     return [None if (address := written.get(key)) is None else address - base for key in puts]
@@ -173,10 +184,11 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     store = BlockStore(path, capacity)
+    slots: list[tuple[int, int]] = []
     try:
         while (body := _receive(sock)) is not None:
             try:
-                answer = ["ok", _write(store, msgpack.unpackb(body))]
+                answer = ["ok", _write(store, slots, msgpack.unpackb(body))]
             except Exception as exc:  # fails this batch (the daemon logs it), not the writer
                 answer = ["error", f"{type(exc).__name__}: {exc}"]
             _send(sock, msgpack.packb(answer))

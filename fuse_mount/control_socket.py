@@ -228,7 +228,7 @@ class ControlServer:
         """Read back every cached block of the files; the cache drops (and counts) the ones
         failing their checksum, so the next read fetches them again."""
         files = await self._files(request)
-        policy = self.cache.policy
+        holds = self.cache.holds
         checked = corrupt = 0
         batch: list[BlockKey] = []
 
@@ -236,12 +236,12 @@ class ControlServer:
             found = await self.cache.get_many(keys)
             # Not returned and gone from the cache: dropped for its checksum (a block the
             # cache evicts during this very read would count too; verify a quiet mount).
-            return sum(1 for k in keys if k not in found and k not in policy)
+            return sum(1 for k in keys if k not in found and not holds(k))
 
         for entry in files:
             for block in range(block_count(entry.size)):
                 key = BlockKey(entry.file_id, entry.version, block)
-                if key in policy:
+                if holds(key):
                     batch.append(key)
                 if len(batch) >= VERIFY_BATCH:
                     checked += len(batch)

@@ -27,7 +27,7 @@ from neuralcache.blocks import BLOCK_SIZE, block_count, blocks_for_read, contigu
 
 from . import metrics
 from .block_cache import BlockCache
-from .block_store import BlockKey, KeyTuple, run_keys
+from .block_store import BlockKey
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +81,12 @@ class BlockFetcher:
         self.client = client
         self.hub_timeout = hub_timeout
         self._nursery = nursery
-        self._inflight: dict[BlockKey | KeyTuple, _Fetch] = {}
+        self._inflight: dict[int, _Fetch] = {}  # by the cache's int keys (``cache.keys``)
         self.on_miss: Callable[[], None] = lambda: None
         """Called when a read needs blocks the cache lacks, before it waits for them."""
-        self.in_flight: Callable[[BlockKey], bool] = self._inflight.__contains__
-        """True while a fetch of the key (demand or prefetch) is on its way (a plain function:
-        the prefetcher asks block by block)."""
+        self.in_flight: Callable[[int], bool] = self._inflight.__contains__
+        """True while a fetch of the key (an int of ``cache.keys``; demand or prefetch) is on its
+        way (a plain function: the prefetcher asks block by block)."""
 
     def start_prefetch(self, entry: MetaEntry, first: int, count: int,
                        on_done: Callable[[bool], None]) -> None:
@@ -98,9 +98,10 @@ class BlockFetcher:
         per sample, and a task each was a sizeable part of the event loop's work.
         """
         end = min(first + count, block_count(entry.size))
-        keys = run_keys(entry.file_id, entry.version, first, max(end - first, 0))
+        base = self.cache.keys.base(entry.file_id, entry.version)
         held, inflight = self.cache.policy.holds, self._inflight
-        new = [key[2] for key in keys if not (held(key) or key in inflight)]
+        new = [key - base for key in range(base + first, base + end)
+               if not (held(key) or key in inflight)]
         fetches = [f for run in contiguous_runs(new)
                    for f in self._start_fetches(entry, run.first, run.end, prefetch=True)]
         if not fetches:
@@ -112,6 +113,11 @@ class BlockFetcher:
                 fetched(fetch.error is None)
             else:
                 fetch.on_done.append(fetched)
+
+    def fetching(self, entry: MetaEntry, first: int, count: int) -> bool:
+        """Whether a fetch of any of blocks ``[first, first + count)`` is on its way."""
+        return any(map(self._inflight.__contains__,
+                       self.cache.keys.run(entry.file_id, entry.version, first, count)))
 
     async def prefetch(self, entry: MetaEntry, first: int, count: int) -> bool:
         """``start_prefetch``, waiting for it: True once every block is in, False if any fetch
@@ -168,10 +174,11 @@ class BlockFetcher:
         latency.observe(trio.current_time() - started)
 
     async def _fetch(self, entry: MetaEntry, missing: list[BlockKey]) -> dict[BlockKey, bytes]:
-        new = [k for k in missing if k not in self._inflight]
+        base = self.cache.keys.base(entry.file_id, entry.version)
+        new = [k for k in missing if base + k.block not in self._inflight]
         if new:
             self._start_fetches(entry, new[0].block, new[-1].block + 1)
-        waiting = {k: self._inflight[k] for k in missing}
+        waiting = {k: self._inflight[base + k.block] for k in missing}
         # Blocks the prefetcher asked for may still wait in the client's prefetch queue, behind
         # the window and the pacer: now that a reader needs them they go out as demand.
         for run in contiguous_runs([k.block for k, f in waiting.items() if f.prefetch]):
@@ -194,7 +201,7 @@ class BlockFetcher:
         deadline = trio.current_time() + self.hub_timeout
         for chunk in range(first, end, MAX_READ_BLOCKS):
             fetch = _Fetch(chunk, min(MAX_READ_BLOCKS, end - chunk), prefetch)
-            keys = run_keys(entry.file_id, entry.version, fetch.first, fetch.count)
+            keys = self.cache.keys.run(entry.file_id, entry.version, fetch.first, fetch.count)
             deque(map(self._inflight.setdefault, keys, itertools.repeat(fetch)), maxlen=0)
             if prefetch:
                 self.client.start_prefetch(entry.file_id, entry.version, fetch.first,
@@ -236,7 +243,7 @@ class BlockFetcher:
                 fetch.blocks.update(zip(range(fetch.first, fetch.first + fetch.count), blocks))
                 self.cache.put_run(entry.file_id, entry.version, fetch.first, blocks)
         inflight = self._inflight
-        for key in run_keys(entry.file_id, entry.version, fetch.first, fetch.count):
+        for key in self.cache.keys.run(entry.file_id, entry.version, fetch.first, fetch.count):
             if inflight.get(key) is fetch:
                 del inflight[key]
         fetch.done.set()

@@ -77,29 +77,28 @@ def measured_link(stats: CongestionStats) -> LinkEstimate | None:
 
 class MountCacheView(CacheView):
     """What the planner may ask of the cache, answered from memory: the LRU policy's keys and
-    the fetcher's in-flight map (never LMDB), with each file's snapshot version for the key.
+    the fetcher's in-flight map (never LMDB), each keyed by the cache's int keys for the
+    snapshot's version of the file.
 
     The planner asks about every block of the windows it guesses, hundreds per 1 MiB read it
     predicts past: ``contains`` is a dict lookup and two C-level membership tests, and
     ``present_until``/``absent_until`` walk a stretch with those tests inlined, at about half
-    the cost of a ``contains`` call per block over 64 blocks or more. (A walk in C with
-    ``itertools`` was slower: building and hashing each key is most of the work, and it costs
-    more to set up.)
+    the cost of a ``contains`` call per block over 64 blocks or more.
     """
 
     def __init__(self, namespace: Namespace, cache: BlockCache, fetcher: BlockFetcher) -> None:
-        self._versions = {e.file_id: e.version for e in namespace.files()}  # the snapshot's
+        # Where each file's keys start (``BlockCache.keys``), for the snapshot's version.
+        self._bases = {e.file_id: cache.keys.base(e.file_id, e.version)
+                       for e in namespace.files()}
         self._policy = cache.policy
         self._held = cache.policy.holds
         self._in_flight = fetcher.in_flight
 
     def contains(self, file_id: int, block: int) -> bool:
-        version = self._versions.get(file_id)
-        if version is None:
+        base = self._bases.get(file_id)
+        if base is None:
             return True  # not a file of this snapshot: nothing to fetch
-        # A plain tuple finds the same entries as the BlockKey it equals (see run_keys).
-        key = (file_id, version, block)
-        return self._held(key) or self._in_flight(key)
+        return self._held(base + block) or self._in_flight(base + block)
 
     def present_until(self, file_id: int, first: int, stop: int) -> int:
         return self._stretch_end(file_id, first, stop, True)
@@ -110,14 +109,13 @@ class MountCacheView(CacheView):
     def _stretch_end(self, file_id: int, first: int, stop: int, present: bool) -> int:
         """The first block of ``[first, stop)`` whose being held or fetched is not ``present``,
         or ``stop``: ``contains`` over the stretch, its look-ups inlined."""
-        version = self._versions.get(file_id)
-        if version is None:
+        base = self._bases.get(file_id)
+        if base is None:
             return stop if present else first  # contains() holds for every block
         held, in_flight = self._held, self._in_flight
-        for block in range(first, stop):
-            key = (file_id, version, block)
+        for key in range(base + first, base + stop):
             if (held(key) or in_flight(key)) != present:
-                return block
+                return key - base
         return stop
 
     def free_bytes(self) -> int:

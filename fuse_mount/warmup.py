@@ -25,7 +25,6 @@ from fabric.protocol import MetaEntry
 from neuralcache.blocks import BLOCK_SIZE, block_count, blocks_for_read
 from neuralcache.trace import Trace
 
-from .block_store import BlockKey
 from .fetcher import BlockFetcher
 from .namespace import Namespace, Node
 
@@ -154,10 +153,6 @@ class Task:
     def nbytes(self) -> int:
         return max(0, min(self.chunk.count * BLOCK_SIZE,
                           self.entry.size - self.chunk.first * BLOCK_SIZE))
-
-    def keys(self) -> list[BlockKey]:
-        return [BlockKey(self.entry.file_id, self.entry.version, b)
-                for b in range(self.chunk.first, self.chunk.first + self.chunk.count)]
 
 
 def resolve(namespace: Namespace, chunks: Iterable[Chunk]) -> tuple[list[Task], int]:
@@ -382,7 +377,6 @@ class WarmupManager:
         fetch them ourselves if that fetch failed. A block missing and not in flight after a
         successful fetch was evicted (a job larger than the cache), which is not a failure.
         """
-        keys = task.keys()
         while True:
             try:
                 if not await self.fetcher.prefetch(task.entry, task.chunk.first, task.chunk.count):
@@ -390,6 +384,6 @@ class WarmupManager:
             except Exception as exc:  # noqa: BLE001 - a failed chunk must not end the job
                 log.warning("warm-up of %s failed: %s", task.chunk.path, exc)
                 return False
-            if not any(self.fetcher.in_flight(k) for k in keys):
+            if not self.fetcher.fetching(task.entry, task.chunk.first, task.chunk.count):
                 return True
             await trio.sleep(IN_FLIGHT_POLL)

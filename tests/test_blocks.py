@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from fabric.checksum import bad_blocks, block_checksum, intact, range_checksums
 from fabric.protocol import CHECKSUM_BYTES
-from fuse_mount.block_store import BlockKey, run_keys
+from fuse_mount.block_store import BlockKey
+from fuse_mount.key_space import KeySpace
 from neuralcache.blocks import (BLOCK_SIZE, KEY_SHIFT, BlockRange, block_count, block_key,
                                 block_length, block_span, blocks_for_read, contiguous_runs)
 
@@ -146,11 +147,21 @@ def test_bad_blocks_flags_everything_when_a_checksum_is_extra(data: bytes) -> No
     assert bad_blocks(data, sums) == list(range(block_count(len(data)) + 1))
 
 
-@given(file_id=U64, version=U64, first=st.integers(0, 2**40), count=st.integers(0, 300))
-def test_run_keys_name_the_same_blocks_as_block_keys(
-        file_id: int, version: int, first: int, count: int) -> None:
-    expected = [BlockKey(file_id, version, b) for b in range(first, first + count)]
-    got = run_keys(file_id, version, first, count)
-    assert got == expected
-    assert [hash(k) for k in got] == [hash(k) for k in expected]
-    assert {k: None for k in expected}.keys() >= set(got)  # they find BlockKey-keyed entries
+MAX_BLOCK = (2**63 - 1) // BLOCK_SIZE
+"""The last block of the largest file a stat can describe (``st_size`` is a signed 64-bit int)."""
+
+
+@given(blocks=st.lists(st.tuples(st.sampled_from([(1, 1), (1, 2), (2, 1), (2**64 - 1, 2**64 - 1)]),
+                                 st.integers(0, MAX_BLOCK)), min_size=1, max_size=20),
+       first=st.integers(0, MAX_BLOCK - 300), count=st.integers(0, 300))
+def test_int_keys_name_each_block_of_each_version_once(
+        blocks: list[tuple[tuple[int, int], int]], first: int, count: int) -> None:
+    keys = KeySpace()
+    triples = [(file_id, version, block) for (file_id, version), block in blocks]
+    ints = [keys.key(*t) for t in triples]
+    assert len(set(ints)) == len(set(triples))  # equal keys exactly for equal blocks
+    assert [keys.triple(k) for k in ints] == triples
+    assert [keys.block_key(k) for k in ints] == [BlockKey(*t) for t in triples]
+    file_id, version, _ = triples[0]
+    assert list(keys.run(file_id, version, first, count)) == [
+        keys.key(file_id, version, b) for b in range(first, first + count)]

@@ -19,6 +19,7 @@ from fabric.protocol import MetaEntry
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.control import ControlFiles
+from fuse_mount.key_space import KeySpace
 from fuse_mount.prefetch import MountCacheView, measured_link
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.cache_policy import LruPolicy
@@ -60,7 +61,7 @@ def test_the_cache_reports_evictions_and_spares_protected_blocks(tmp_path: Path)
     try:
         for key in keys[:3]:
             cache.put(key, bytes(BLOCK_SIZE))
-        assert dropped == [keys[1]] and keys[0] in cache.policy
+        assert dropped == [keys[1]] and cache.holds(keys[0])
         cache.put(keys[3], bytes(BLOCK_SIZE))
         assert dropped == [keys[1], keys[2]]
     finally:
@@ -126,14 +127,20 @@ def test_the_link_estimate_is_the_transport_model_once_it_has_one() -> None:
 def test_the_mount_answers_a_stretch_as_contains_does_block_by_block(
         held: set[int], fetching: set[int], first: int, length: int, known_file: bool) -> None:
     """``present_until``/``absent_until`` walk keys in a loop of their own; they must agree
-    with ``contains``."""
-    policy = LruPolicy(1 << 30)
+    with ``contains``. The blocks of another version of the file, held and fetched alike,
+    count for neither."""
+    policy, keys = LruPolicy(1 << 30), KeySpace()
+    old = keys.base(7, 2)  # a version the snapshot no longer has, seen first
+    for block in range(41):
+        policy.insert(old + block, BLOCK_SIZE)
+    base = keys.base(7, 3)
     for block in held:
-        policy.insert((7, 3, block), BLOCK_SIZE)
-    in_flight = {(7, 3, block) for block in fetching}
+        policy.insert(base + block, BLOCK_SIZE)
+    in_flight = {base + block for block in fetching} | {old + block for block in range(41)}
     view = MountCacheView(
         SimpleNamespace(files=lambda: [MetaEntry("a", "f", 0o444, 1 << 20, 0, 7, 3)]),
-        SimpleNamespace(policy=policy), SimpleNamespace(in_flight=in_flight.__contains__))
+        SimpleNamespace(policy=policy, keys=keys),
+        SimpleNamespace(in_flight=in_flight.__contains__))
     file_id, stop = (7 if known_file else 8), first + length
 
     def walk(wanted: bool) -> int:

@@ -180,7 +180,7 @@ def test_a_prefetch_around_cached_blocks_reports_once_when_all_its_fetches_are_i
 
     trio.run(main)
     assert sorted(hub.reads) == [(0, 2), (3, 2), (6, 2)]
-    assert all(BlockKey(ENTRY.file_id, ENTRY.version, b) in cache.policy for b in range(8))
+    assert all(cache.holds(BlockKey(ENTRY.file_id, ENTRY.version, b)) for b in range(8))
     cache.close()
 
 
@@ -204,7 +204,7 @@ def test_a_prefetch_that_lands_in_parts_is_cached_whole_and_misaligned_parts_fai
                                   hub_timeout=5.0)
             skewed.start_prefetch(ENTRY, 3, 2, done.append)
             assert done == [False]
-            assert BlockKey(ENTRY.file_id, ENTRY.version, 3) not in cache.policy
+            assert not cache.holds(BlockKey(ENTRY.file_id, ENTRY.version, 3))
             fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
                                    hub_timeout=5.0)
             fetcher.start_prefetch(ENTRY, 0, 11, done.append)
@@ -242,8 +242,8 @@ def test_a_prefetch_the_client_answers_within_the_call_still_reports(tmp_path: P
             nursery.cancel_scope.cancel()
 
     trio.run(main)
-    assert all(BlockKey(ENTRY.file_id, ENTRY.version, b) in cache.policy for b in (3, 4))
-    assert BlockKey(ENTRY.file_id, ENTRY.version, 0) not in cache.policy
+    assert all(cache.holds(BlockKey(ENTRY.file_id, ENTRY.version, b)) for b in (3, 4))
+    assert not cache.holds(BlockKey(ENTRY.file_id, ENTRY.version, 0))
     cache.close()
 
 

@@ -163,8 +163,9 @@ class FakeFetcher:
         self.fetched.append((entry.path, first, count))
         return entry.path not in self.failing
 
-    def in_flight(self, key: BlockKey) -> bool:
-        return key in self.busy
+    def fetching(self, entry: MetaEntry, first: int, count: int) -> bool:
+        return any(BlockKey(entry.file_id, entry.version, b) in self.busy
+                   for b in range(first, first + count))
 
 
 async def _until(condition, step: float = 0.005) -> None:
