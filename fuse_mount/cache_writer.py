@@ -11,10 +11,11 @@ maps the file at its own address).
 
 Messages both ways are a 4-byte big-endian length and a msgpack body. A request is
 ``[base, new slots, put keys, put bytes, delete keys, stamp keys, stamp values]``: the daemon's
-map address, then flat lists. Keys are the daemon's ints (``key_space``); "new slots" are the
-``(file id, version)`` pairs of the slots added since the child's last request (all of them
-for a new child), from which it rebuilds each key's ``BlockKey``. Stamp values are three per
-row: stamp, size and address or None (addresses in the daemon's map). The answer is ``["ok",
+map address, then flat lists. A key goes as two ints, its slot and its block (the daemon's int
+keys, ``key_space``, outgrow msgpack's 64 bits past 4,096 slots); "new slots" are the ``(file
+id, version)`` pairs of the slots added since the child's last request (all of them for a new
+child), from which it rebuilds each key's ``BlockKey``. Stamp values are three per row: stamp,
+size and address or None (addresses in the daemon's map). The answer is ``["ok",
 offsets]``, each put's value's offset in the file in the puts' order, or ``["error", text]``.
 The child leaves when the socket closes, so it never outlives the daemon, even one killed with
 SIGKILL.
@@ -28,13 +29,13 @@ import socket
 import struct
 import subprocess
 import sys
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, Iterable
 
 import msgpack
 
 from .block_store import BlockKey, BlockStore
-from .key_space import BLOCK_BITS, BLOCK_MASK, KeySpace
+from .key_space import BLOCK_BITS, KeySpace
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +113,9 @@ class CacheWriter:
         # Flat lists, built in C rather than a list per key in Python: this holds the GIL,
         # which the event loop wants.
         request = msgpack.packb([
-            self._base, list(chain.from_iterable(versions)), list(puts), list(puts.values()),
-            list(deletes), list(stamps), list(chain.from_iterable(stamps.values()))])
+            self._base, list(chain.from_iterable(versions)), _slots_and_blocks(puts),
+            list(puts.values()), _slots_and_blocks(deletes), _slots_and_blocks(stamps),
+            list(chain.from_iterable(stamps.values()))])
         try:
             _send(sock, request)
             answer = _receive(sock)
@@ -150,6 +152,14 @@ class CacheWriter:
         self._stop()
 
 
+_SLOT_SPAN = 1 << BLOCK_BITS
+
+
+def _slots_and_blocks(keys: Iterable[int]) -> list[int]:
+    """Int keys as a flat list of (slot, block) pairs, made in C."""
+    return list(chain.from_iterable(map(divmod, keys, repeat(_SLOT_SPAN))))
+
+
 def _groups(flat: list[Any], size: int) -> list[Any]:
     """``[a, b, c, d, e, f]``, size 3 -> ``[(a, b, c), (d, e, f)]``."""
     return list(zip(*[iter(flat)] * size))
@@ -161,16 +171,16 @@ def _write(store: BlockStore, slots: list[tuple[int, int]], request: Any) -> lis
     their_base, new_slots, put_keys, datas, deletes, stamp_keys, stamp_values = request
     slots.extend(_groups(new_slots, 2))
 
-    def block_key(key: int) -> BlockKey:
-        return BlockKey(*slots[key >> BLOCK_BITS], key & BLOCK_MASK)
+    def block_keys(flat: list[int]) -> list[BlockKey]:
+        return [BlockKey(*slots[slot], block) for slot, block in _groups(flat, 2)]
     base = store.map_base
     shift = None if base is None or their_base is None else base - their_base
-    puts = dict(zip(map(block_key, put_keys), datas))
-    stamps = {block_key(key): (stamp, size,
-                               address + shift if address is not None
-                               and shift is not None else None)
-              for key, (stamp, size, address) in zip(stamp_keys, _groups(stamp_values, 3))}
-    written = store.write_batch(puts, list(map(block_key, deletes)), stamps)
+    puts = dict(zip(block_keys(put_keys), datas))
+    stamps = {key: (stamp, size,
+                    address + shift if address is not None and shift is not None else None)
+              for key, (stamp, size, address) in zip(block_keys(stamp_keys),
+                                                     _groups(stamp_values, 3))}
+    written = store.write_batch(puts, block_keys(deletes), stamps)
     if base is None:
         return []
     return [None if (address := written.get(key)) is None else address - base for key in puts]

@@ -80,3 +80,19 @@ def test_a_new_writer_learns_every_file_version_again(tmp_path: Path) -> None:
     assert sorted(e.key for e in store.index()) == [(1, 1, 0), (1, 1, 1), (2, 9, 5), (2, 9, 6)]
     writer.close()
     store.close()
+
+
+def test_keys_wider_than_64_bits_reach_the_child(tmp_path: Path) -> None:
+    """Past 4,096 file versions a key no longer fits msgpack's 64-bit ints: it travels as
+    its slot and its block."""
+    store, writer, keys = open_writer(tmp_path)
+    for file_id in range(5000):
+        keys.base(file_id, 1)
+    wide = keys.key(4999, 1, 3)
+    assert wide >= 1 << 64
+    writer.write_batch({wide: b"w"}, [], {wide: (1, 1, None)})
+    assert [e.key for e in store.index()] == [(4999, 1, 3)]
+    writer.write_batch({}, [wide], {})
+    assert store.index() == []
+    writer.close()
+    store.close()
