@@ -141,6 +141,7 @@ def test_the_mount_answers_a_stretch_as_contains_does_block_by_block(
         SimpleNamespace(files=lambda: [MetaEntry("a", "f", 0o444, 1 << 20, 0, 7, 3)]),
         SimpleNamespace(policy=policy, keys=keys),
         SimpleNamespace(in_flight=in_flight.__contains__))
+    assert [view.contains(7, b) for b in range(41)] == [b in held | fetching for b in range(41)]
     file_id, stop = (7 if known_file else 8), first + length
 
     def walk(wanted: bool) -> int:
