@@ -223,19 +223,25 @@ class BlockCache:
             self._touch(keys)
         return data
 
-    async def page_in(self, runs: Iterable[tuple[int, int, int, int]]) -> None:
-        """Have the kernel read the values of these runs ``(file, version, first, stop)`` from
-        the disk into RAM, so that their reads, when they come, are served on the event loop
-        (a warm read whose pages are on disk waits for them in the reader thread). Only blocks
-        whose place in the map is known; nothing if all of them are resident already. Advice:
-        the call returns once the reads are started (``madvise(MADV_WILLNEED)``, in the reader
-        thread, as starting them may wait for the disk's queue)."""
+    def pages_to_read(self, runs: Iterable[tuple[int, int, int, int]]) -> list[int]:
+        """Where the values of these runs ``(file, version, first, stop)`` lie, if any of their
+        pages is not in RAM: what ``page_in`` should ask for. Empty if all of them are resident
+        (the usual answer on a warm mount, found on the event loop with ``mincore``, without a
+        task or a thread), or if no block's place in the map is known."""
         get, run = self._addresses.get, self.keys.run
         addresses = [a for file_id, version, first, stop in runs
                      for key in run(file_id, version, first, stop - first)
                      if (a := get(key)) is not None]
         if not addresses or self._probe.all_resident(addresses, VALUE_BYTES):
-            return
+            return []
+        return addresses
+
+    async def page_in(self, addresses: list[int]) -> None:
+        """Have the kernel read these values (``pages_to_read``) from the disk into RAM, so
+        that their reads, when they come, are served on the event loop (a warm read whose pages
+        are on disk waits for them in the reader thread). Advice: the call returns once the
+        reads are started (``madvise(MADV_WILLNEED)``, in the reader thread, as starting them
+        may wait for the disk's queue)."""
         await self._reader.run(will_need, addresses, VALUE_BYTES)
         metrics.CACHE_PAGE_IN_BLOCKS.inc(len(addresses))
 

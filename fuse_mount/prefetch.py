@@ -277,17 +277,21 @@ class PrefetchPump:
         if self.prefetcher is not None:
             present = self.prefetcher.take_present()
             if present:
-                self._nursery.start_soon(self._page_in, present)
+                self._page_in(present)
 
-    async def _page_in(self, present: list[tuple[int, int, int]]) -> None:
-        """Cached blocks a window reaches: their pages come from the disk now, not when
-        the reader gets there (``BlockCache.page_in``)."""
+    def _page_in(self, present: list[tuple[int, int, int]]) -> None:
+        """Cached blocks a window reaches: their pages come from the disk now, not when the
+        reader gets there (``BlockCache.page_in``), in a task of their own only if one of
+        them is not in RAM."""
         runs = []
         for file_id, first, stop in present:
             entry = self._namespace.file(file_id)
             if entry is not None:
                 runs.append((file_id, entry.version, first, stop))
-        await self._cache.page_in(runs)
+        addresses = self._cache.pages_to_read(runs)
+        if addresses:
+            assert self._nursery is not None
+            self._nursery.start_soon(self._cache.page_in, addresses)
 
     def _fetched(self, request: PrefetchRequest, ok: bool) -> None:
         """A prefetch is done (called by the fetcher): report it to the prefetcher."""
