@@ -256,11 +256,12 @@ class BlockCache:
         """The blocks among ``keys`` that the cache holds."""
         found: dict[BlockKey, bytes] = {}
         to_read: list[BlockKey] = []
-        key_of = self.keys.key
+        held: dict[BlockKey, int] = {}  # the int key of each held one
         for block_key in keys:
-            key = key_of(*block_key)
+            key = self.keys.key(*block_key)
             if key not in self.policy:
                 continue
+            held[block_key] = key
             data = self._ops.get(key, self._writing.get(key))
             if data is not None:
                 found[block_key] = data
@@ -272,12 +273,12 @@ class BlockCache:
             for block_key in corrupt:
                 log.error("cache block %s failed its checksum; dropping it", block_key)
                 metrics.CACHE_CORRUPT_BLOCKS.inc()
-                key = key_of(*block_key)
+                key = held[block_key]
                 self.policy.remove(key)
                 self._record(key, _DELETED)
                 self._dropped(key)
             self._update_gauges()
-        self._touch([key_of(*block_key) for block_key in found])
+        self._touch([held[block_key] for block_key in found])
         return found
 
     def put(self, key: BlockKey, data: bytes) -> None:
