@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from bench.repro_data import WINDOW_BYTES
-from bench.repro_stats import (DISPATCH_WAIT, EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS, MISSES,
+from bench.repro_stats import (DISPATCH_WAIT, EVENTS_DROPPED, EVICTIONS, HUB_REQUESTS,
+                               LONG_STEP_SECONDS, LONG_STEPS, MISSES,
                                PREDICTOR_ISSUED, PREDICTOR_USEFUL, PREFETCH_FAILED,
                                PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, PREFETCH_WASTED,
                                READ_BYTES, READS, RunRecord, Samples, label_values, metric_total)
@@ -44,6 +45,7 @@ class Diagnosis:
     dropped_events: float  # reads the prefetcher never saw
     by_predictor: tuple[tuple[str, float, float], ...] = ()  # (predictor, issued, useful)
     dispatch_wait: tuple[tuple[str, float], ...] = ()  # (reason, seconds) the dispatcher waited
+    long_steps: tuple[tuple[str, float, float], ...] = ()  # (task, steps, seconds) >= 1 ms
 
     @property
     def wan_per_read(self) -> float:
@@ -64,13 +66,21 @@ class Diagnosis:
                 f"{self.failed / MB:.0f} MB; missed {self.miss_bytes / MB:.0f} MB; hub requests "
                 f"demand {self.demand_requests:.0f} prefetch {self.prefetch_requests:.0f}; "
                 f"evicted {self.evictions:.0f} blocks; prefetcher dropped "
-                f"{self.dropped_events:.0f} reads" + self._dispatch() + self._predictors())
+                f"{self.dropped_events:.0f} reads" + self._dispatch() + self._predictors()
+                + self._long_steps())
 
     def _dispatch(self) -> str:
         """Seconds the hub client's prefetch dispatcher waited, by what for: which of the pacer,
         the event loop, the window or the prefetcher held the requests back."""
         parts = [f"{reason} {seconds:.1f}" for reason, seconds in self.dispatch_wait]
         return "; dispatcher waited s: " + ", ".join(parts) if parts else ""
+
+    def _long_steps(self) -> str:
+        """Event-loop steps of 1 ms or more by task, most time first (mounts with
+        ``--spoke-option=--loop-steps`` only): what held the FUSE requests up."""
+        parts = [f"{task} {steps:.0f} ({seconds:.2f} s)" for task, steps, seconds
+                 in sorted(self.long_steps, key=lambda item: -item[2]) if steps]
+        return "; loop steps >= 1 ms: " + ", ".join(parts) if parts else ""
 
     def _predictors(self) -> str:
         """Issued / useful MB per predictor that issued anything."""
@@ -98,7 +108,10 @@ def diagnose(record: RunRecord) -> Diagnosis | None:
                             metric_total(m, PREDICTOR_USEFUL, predictor=name))
                            for name in label_values(m, PREDICTOR_ISSUED, "predictor")),
         dispatch_wait=tuple((reason, metric_total(m, DISPATCH_WAIT, reason=reason))
-                            for reason in label_values(m, DISPATCH_WAIT, "reason")))
+                            for reason in label_values(m, DISPATCH_WAIT, "reason")),
+        long_steps=tuple((task, metric_total(m, LONG_STEPS, task=task),
+                          metric_total(m, LONG_STEP_SECONDS, task=task))
+                         for task in label_values(m, LONG_STEPS, "task")))
 
 
 LINK_GAUGES = (("neuralcache_fabric_btl_bw_bytes_per_second", "btl_bw", 8e-6, "Mbit/s"),

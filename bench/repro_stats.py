@@ -43,6 +43,8 @@ HUB_REQUESTS = "neuralcache_fabric_requests_total"
 PREDICTOR_ISSUED = "neuralcache_prefetch_predictor_issued_bytes_total"
 PREDICTOR_USEFUL = "neuralcache_prefetch_predictor_useful_bytes_total"
 DISPATCH_WAIT = "neuralcache_fabric_prefetch_dispatch_wait_seconds_total"
+LONG_STEPS = "neuralcache_loop_long_steps_total"  # only with mount --loop-steps
+LONG_STEP_SECONDS = "neuralcache_loop_long_step_seconds_total"
 WRITE_BATCHES = ("neuralcache_cache_write_batch_seconds_bucket",
                  "neuralcache_cache_write_batch_seconds_count",
                  "neuralcache_cache_write_batch_seconds_sum",
@@ -59,7 +61,7 @@ KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFE
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
                 EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, DISPATCH_WAIT,
                 *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS, GC_SECONDS,
-                RUN_READS)
+                RUN_READS, LONG_STEPS, LONG_STEP_SECONDS)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 

@@ -111,7 +111,8 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
                        allow_other=os.geteuid() == 0, prefetch=args.prefetch,
                        record_trace=os.path.abspath(args.record_trace) if args.record_trace
                        else None,
-                       link_bandwidth=args.link_bandwidth * 1e6 / 8, link_rtt=args.link_rtt / 1e3)
+                       link_bandwidth=args.link_bandwidth * 1e6 / 8, link_rtt=args.link_rtt / 1e3,
+                       loop_steps=args.loop_steps)
 
 
 def _mount_foreground(args: argparse.Namespace) -> int:
@@ -264,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     mount.add_argument("--link-rtt", type=float, metavar="MS", default=DEFAULT_LINK_RTT * 1e3,
                        help="hub link round trip the prefetcher plans with until it is measured, "
                             "ms [%(default)g]")
+    mount.add_argument("--loop-steps", action="store_true",
+                       help="count the event loop's steps of 1 ms or more, by task, in the "
+                            "metrics (a diagnostic; costs every step a little) [off]")
     mount.add_argument("--foreground", action="store_true", help="stay in the foreground")
     mount.add_argument("--log-file",
                        help="daemon log in background mode [CACHE_DIR/neuralcache.log]")

@@ -34,6 +34,7 @@ from .control import CONTROL_DIR
 from .control_socket import ControlServer
 from .fetcher import BlockFetcher
 from .filesystem import SpokeFilesystem
+from .loop_steps import LongSteps
 from .namespace import Namespace
 from .prefetch import PrefetchPump, measured_link
 from .runtime import MountRecord, cache_lock, remove_record, write_record
@@ -77,6 +78,7 @@ class SpokeConfig:
     record_trace: str | None = None  # write a trace of every read and hint to this file
     link_bandwidth: float = DEFAULT_LINK_BANDWIDTH  # bytes/s the planner may assume
     link_rtt: float = DEFAULT_LINK_RTT  # seconds
+    loop_steps: bool = False  # count the event loop's long steps (loop_steps.py)
 
 
 def prepare_mountpoint(path: str) -> None:
@@ -144,6 +146,8 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
     """Mount and serve until unmounted or signalled. ``ready`` is called once the mount answers."""
     prepare_mountpoint(cfg.mountpoint)
     metrics.LOOP_THREAD.watch()
+    if cfg.loop_steps:
+        trio.lowlevel.add_instrument(LongSteps())
     with cache_lock(cfg.cache_dir), ExitStack() as files:
         trace_out = None
         if cfg.record_trace:

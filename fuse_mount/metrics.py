@@ -129,6 +129,16 @@ class CollectionTimer:
             self._counters[info["generation"]].inc(time.perf_counter() - self._started)
 
 
+LOOP_LONG_STEPS = Counter(
+    "neuralcache_loop_long_steps_total",
+    "Steps of the event loop's tasks that lasted 1 ms or more (wall time), by task: each held "
+    "up every FUSE request that came meanwhile. Counted only with 'mount --loop-steps'.",
+    ["task"])
+LOOP_LONG_STEP_SECONDS = Counter(
+    "neuralcache_loop_long_step_seconds_total",
+    "Wall time of the steps counted by loop_long_steps_total, by task.", ["task"])
+
+
 class LoopLoadMetrics(Collector):
     """The event loop's load (``loop_load``): its thread's scheduler times, read when scraped.
     No samples before the loop is watched or where the kernel keeps no such times."""

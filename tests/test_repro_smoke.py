@@ -192,9 +192,9 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
 
 def test_diagnosis_accounts_for_the_wan_bytes() -> None:
     from bench.repro_diag import diagnose, link_model
-    from bench.repro_stats import (DISPATCH_WAIT, HUB_REQUESTS, PREDICTOR_ISSUED,
-                                   PREDICTOR_USEFUL, PREFETCH_ISSUED, PREFETCH_LATE,
-                                   PREFETCH_USEFUL, READ_BYTES)
+    from bench.repro_stats import (DISPATCH_WAIT, HUB_REQUESTS, LONG_STEP_SECONDS,
+                                   LONG_STEPS, PREDICTOR_ISSUED, PREDICTOR_USEFUL,
+                                   PREFETCH_ISSUED, PREFETCH_LATE, PREFETCH_USEFUL, READ_BYTES)
 
     trace = _trace([0.02] * 10)
     trace.read_seconds = [0.001] * 240  # 240 samples of 16 KiB read by the loader
@@ -224,6 +224,14 @@ def test_diagnosis_accounts_for_the_wan_bytes() -> None:
     d = diagnose(record)
     assert d is not None
     assert "; dispatcher waited s: empty 2.0, pacer 11.1; issued/useful MB" in d.line()
+    metrics[f'{LONG_STEPS}{{task="fuse_requests"}}'] = 40.0
+    metrics[f'{LONG_STEP_SECONDS}{{task="fuse_requests"}}'] = 0.06
+    metrics[f'{LONG_STEPS}{{task="PrefetchPump.run"}}'] = 300.0
+    metrics[f'{LONG_STEP_SECONDS}{{task="PrefetchPump.run"}}'] = 0.5
+    d = diagnose(record)
+    assert d is not None
+    assert d.line().endswith("; loop steps >= 1 ms: PrefetchPump.run 300 (0.50 s), "
+                             "fuse_requests 40 (0.06 s)")
     scrape = {("neuralcache_fabric_btl_bw_bytes_per_second", ()): 25e6,
               ("neuralcache_fabric_min_rtt_seconds", ()): 0.061}
     assert link_model(scrape) == "link model at the end: btl_bw 200.0 Mbit/s, min_rtt 61.0 ms"
