@@ -5,17 +5,15 @@ from __future__ import annotations
 import time
 
 import trio
-from prometheus_client import REGISTRY
 
 from fuse_mount.loop_steps import FUSE_TASK, LongSteps, task_kind
+from tests.fabric_helpers import metric
 
 
 def _steps(task: str) -> tuple[float, float]:
     """The long-step counters of ``task`` as scraped (0 before its first long step)."""
-    def value(name: str) -> float:
-        return REGISTRY.get_sample_value(name, {"task": task}) or 0.0
-    return (value("neuralcache_loop_long_steps_total"),
-            value("neuralcache_loop_long_step_seconds_total"))
+    return (metric("neuralcache_loop_long_steps_total", {"task": task}),
+            metric("neuralcache_loop_long_step_seconds_total", {"task": task}))
 
 
 def test_task_kinds_are_bounded() -> None:
