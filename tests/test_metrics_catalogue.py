@@ -348,10 +348,13 @@ def test_live_hub_and_spoke_serve_the_catalogue_and_it_adds_up(
 
     read_everything(spoke.mountpoint, files, evict_first=True)
     warm = scrape_families(spoke.metrics_port)
-    assert value(warm, "neuralcache_read_bytes_total", source="cache") == total
+    # Nothing more from the hub, exactly. The kernel may ask the daemon for a page twice in
+    # one pass (seen once in CI: 5 blocks more; its page cache is not ours to control), so
+    # the cache served every byte at least once, not exactly once.
     assert value(warm, "neuralcache_read_bytes_total", source="hub") == total  # unchanged
-    assert value(warm, "neuralcache_cache_hit_blocks_total") == blocks
-    assert value(warm, "neuralcache_cache_miss_blocks_total") == blocks
+    assert value(warm, "neuralcache_cache_miss_blocks_total") == blocks  # unchanged
+    assert value(warm, "neuralcache_read_bytes_total", source="cache") >= total
+    assert value(warm, "neuralcache_cache_hit_blocks_total") >= blocks
     assert value(warm, "neuralcache_read_latency_seconds_count", source="cache") > 0
     assert value(scrape_families(hub.metrics_port), "neuralcache_hub_sent_bytes_total") == (
         value(hub_side, "neuralcache_hub_sent_bytes_total"))
