@@ -61,7 +61,8 @@ from bench import proc_cpu, tcp_ceiling
 from bench.kernel_probes import ProbeSampler
 from bench.mount_procs import exit_on_sigterm
 from bench.wan_shaper import QUEUE_WAIT_BOUNDS_MS, queue_wait_quantile
-from fabric.client import HubClient, HubUnavailable
+from fabric.client import (DEFAULT_CONNECTIONS, LONG_PATH_CONNECTIONS, LONG_PATH_RTT,
+                           HubClient, HubUnavailable, bulk_connections)
 from fabric.heap import keep_freed_buffers
 from fabric.protocol import MetaEntry
 
@@ -186,7 +187,7 @@ def hub_main(export: str, host: str, port: int) -> None:
 
 # -- spoke side (runs in the spoke namespace) ---------------------------------------------------
 
-def load_main(host: str, port: int, client: str, duration: float, connections: int,
+def load_main(host: str, port: int, client: str, duration: float, connections: int | None,
               depth: int = PREFETCH_DEPTH, path_memory: Path | None = None) -> None:
     if client == "naive":
         result = _naive_load(host, port, duration)
@@ -197,7 +198,8 @@ def load_main(host: str, port: int, client: str, duration: float, connections: i
 
 
 def _fabric_load(host: str, port: int, congestion: str, duration: float,
-                 connections: int, depth: int, path_memory: Path | None) -> dict[str, Any]:
+                 connections: int | None, depth: int, path_memory: Path | None
+                 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     keep_freed_buffers()  # as `neuralcache mount` does
 
@@ -212,11 +214,19 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
             await load.run(duration, depth)
             result.update(delivered=load.delivered, demand=load.demand, model=load.model,
                           cpu_seconds=time.process_time() - cpu_start,
-                          resume=_resume_outcome())
+                          resume=_resume_outcome(), bulk_connections=_bulk_connections())
             nursery.cancel_scope.cancel()
 
     trio.run(main)
     return result
+
+
+def _bulk_connections() -> int:
+    """Bulk connections the client had up at the end (``neuralcache_fabric_connections``)."""
+    from fabric.metrics import FABRIC_CONNECTIONS
+
+    return sum(int(sample.value) for metric in FABRIC_CONNECTIONS.collect()
+               for sample in metric.samples if sample.labels.get("role") == "bulk")
 
 
 def _resume_outcome() -> str | None:
@@ -505,7 +515,12 @@ def _save(save: Path | None, name: str, result: dict[str, Any]) -> None:
         (save / f"{name}.json").write_text(json.dumps(result))
 
 
-def run_link(link: Link, clients: list[str], duration: float, connections: int,
+def _connections_option(connections: int | None) -> list[str]:
+    """The load's ``--connections``: none leaves the count to the client (by the path)."""
+    return [] if connections is None else ["--connections", str(connections)]
+
+
+def run_link(link: Link, clients: list[str], duration: float, connections: int | None,
              export: Path, save: Path | None = None) -> list[Row]:
     from bench.wan import LinkSpec, WanLink
 
@@ -522,7 +537,7 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
             keep = ["--path-memory", str(record)] if client in ("bbr", RESUMED) else []
             load_cmd = wan.command("spoke", _python(
                 "load", "--hub", f"{wan.hub_addr}:{HUB_PORT}", "--client", client,
-                "--duration", str(duration), "--connections", str(connections), *keep))
+                "--duration", str(duration), *_connections_option(connections), *keep))
             dropped = _tail_drops(wan.stats())
             hub_tcp = _hub_tcp(wan.hub_ns)
             # The queue's waits after start-up, as the demand latencies are: counters taken
@@ -556,16 +571,19 @@ def run_link(link: Link, clients: list[str], duration: float, connections: int,
                                             for name, value in result["hub_tcp"].items()),
                   file=sys.stderr, flush=True)
             print("  " + probe_summary.line(), file=sys.stderr, flush=True)
-            print(f"  hub bulk connections' congestion control: "
-                  f"{result.get('hub_congestion', '?')}", file=sys.stderr, flush=True)
+            print(f"  bulk connections: {result.get('bulk_connections', '-')}, their "
+                  f"congestion control at the hub: {result.get('hub_congestion', '?')}",
+                  file=sys.stderr, flush=True)
             rows.append(row)
     return rows
 
 
-def run_loopback(clients: list[str], duration: float, connections: int, export: Path,
+def run_loopback(clients: list[str], duration: float, connections: int | None, export: Path,
                  save: Path | None = None) -> list[Row]:
-    """The fabric's loopback rows, after the plain-TCP ceiling's (``bench.tcp_ceiling``)."""
-    load = ["--duration", str(duration), "--connections", str(connections)]
+    """The fabric's loopback rows, after the plain-TCP ceiling's (``bench.tcp_ceiling``) over
+    as many connections as the client chooses for loopback."""
+    count = connections or bulk_connections(0.0)
+    load = ["--duration", str(duration), "--connections", str(count)]
     rows = [_loopback_row(CEILING, ["tcp-source"], ["tcp-sink", *load], "plain-tcp", duration,
                           save)]
     cache_export(export)
@@ -666,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     load.add_argument("--hub", required=True)
     load.add_argument("--client", choices=CLIENTS, required=True)
     load.add_argument("--duration", type=float, required=True)
-    load.add_argument("--connections", type=int, default=4)
+    load.add_argument("--connections", type=int, default=None,
+                      help="bulk connections [the client's choice for the path]")
     load.add_argument("--depth", type=int, default=PREFETCH_DEPTH,
                       help="prefetch reads outstanding (0: demand reads only)")
     load.add_argument("--path-memory", type=Path, default=None,
@@ -683,7 +702,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links", type=int, nargs="+", default=None,
                         help=f"indices of links to run (0..{len(LINKS) - 1}; default all)")
     parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=list(CLIENTS))
-    parser.add_argument("--connections", type=int, default=4, help="bulk TCP connections")
+    parser.add_argument("--connections", type=int, default=None,
+                        help="bulk TCP connections [the client's choice for the path: "
+                             f"{DEFAULT_CONNECTIONS}, {LONG_PATH_CONNECTIONS} from "
+                             f"{LONG_PATH_RTT:g} s round trip]")
     parser.add_argument("--no-loopback", action="store_true")
     parser.add_argument("--loopback-only", action="store_true")
     parser.add_argument("--save", type=Path, default=None,

@@ -7,8 +7,9 @@ our controller (``fabric.congestion``, ``bbr`` or ``cubic``) decides how many re
 outstanding and when the next prefetch request may leave (``transport.request_pipe``). The
 connections have two roles:
 
-* **bulk** (``connections``, dialled over ``BULK_STAGGER`` unless the path is very short or
-  very long, ``stagger_step``): prefetch requests, cut into
+* **bulk** (``connections``; by default ``bulk_connections``: four, sixteen on a long path;
+  dialled over ``BULK_STAGGER`` unless the path is very short or very long,
+  ``stagger_step``): prefetch requests, cut into
   chunks as the controller's window and pacer allow, each sent on the bulk connection with
   the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
   kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
@@ -85,6 +86,18 @@ CHECKSUM_ATTEMPTS = 3
 DEFAULT_CONNECTIONS = 4
 """Bulk (prefetch) connections. Several, so one connection's loss recovery or its kernel
 BBR's PROBE_RTT (cwnd of 4 packets for a round trip every 10 s) idles only part of the pipe."""
+
+LONG_PATH_CONNECTIONS = 16
+"""Bulk connections on a long path (``LONG_PATH_RTT``). At 900 ms / 1 % a lost segment costs
+its connection round trips of 0.9 s (a retransmission timeout: its window back to one
+segment, regrown a round trip at a time), and start-up is carried through the losses by each
+connection's own slow start: with more connections each stall idles a smaller share, and the
+whole 60 s run moved more (docs/transport.md, "More bulk connections on long paths, under
+nc_paced")."""
+
+LONG_PATH_RTT = 0.5
+"""First greeting's round trip (s) from which a path is long: where the bulk connections are
+dialled at once (``STAGGER_MIN_ROUNDS`` x 0.5 s is the whole ``BULK_STAGGER``)."""
 
 BULK_STAGGER = 10.0
 """Seconds over which the bulk connections are dialled, evenly spaced. The kernel's BBR enters
@@ -329,6 +342,11 @@ def stagger_step(span: float, connections: int, rtt: float) -> float:
     return span / connections
 
 
+def bulk_connections(rtt: float) -> int:
+    """Bulk connections for a path whose first greeting took ``rtt`` seconds."""
+    return LONG_PATH_CONNECTIONS if rtt >= LONG_PATH_RTT else DEFAULT_CONNECTIONS
+
+
 def demand_copies(count: int, lossy: bool) -> int:
     """Copies of a demand read of ``count`` blocks to send at once: two of a small one while
     the path is ``lossy`` (``ResendRate.lossy``), else one."""
@@ -372,12 +390,12 @@ class HubClient:
 
     def __init__(self, host: str, port: int, *, name: str = "spoke",
                  connect_timeout: float = 10.0, attempt_timeout: float = 30.0,
-                 congestion: str = "bbr", connections: int = DEFAULT_CONNECTIONS,
+                 congestion: str = "bbr", connections: int | None = None,
                  demand_connections: int = DEFAULT_DEMAND_CONNECTIONS,
                  tcp_congestion: str | None = "bbr", stagger: float = BULK_STAGGER,
                  path_memory: Path | None = None,
                  remember_period: float = REMEMBER_PERIOD) -> None:
-        if connections < 1 or demand_connections < 1:
+        if (connections is not None and connections < 1) or demand_connections < 1:
             raise ValueError("need at least one bulk and one demand connection")
         self.host = host
         self.port = port
@@ -385,7 +403,7 @@ class HubClient:
         self.connect_timeout = connect_timeout
         self.attempt_timeout = attempt_timeout
         self.tcp_congestion = tcp_congestion
-        self._bulk_slots = connections
+        self._bulk_fixed = connections  # None: by the path's round trip (bulk_connections)
         self._demand_slots = demand_connections
         self._stagger = stagger  # over which the bulk connections are dialled (stagger_step)
         # One spoke, many connections: the hub groups them by this name for its fair share.
@@ -439,7 +457,8 @@ class HubClient:
             # two round trips, which the bulk connections should not add after the first's.
             for i in range(self._demand_slots):
                 nursery.start_soon(self._keep_up, DEMAND, i > 0)
-            for i in range(self._bulk_slots):
+            most = self._bulk_fixed or max(DEFAULT_CONNECTIONS, LONG_PATH_CONNECTIONS)
+            for i in range(most):  # those the path does not want end at their turn
                 nursery.start_soon(self._keep_up, BULK, True, False, i)
             nursery.start_soon(self._dispatch)
             nursery.start_soon(self._arrival_poller)
@@ -894,8 +913,7 @@ class HubClient:
         (one slot reports for all), ``grown`` marks a demand slot added by ``_grow_demand``,
         ``index`` is a bulk slot's place in the stagger (BULK_STAGGER)."""
         try:
-            while True:
-                await self._wait_turn(index)
+            while await self._wait_turn(index):
                 conn = await self._dial_until_up(role, quiet=quiet)
                 if grown:
                     self._dialing -= 1
@@ -905,15 +923,20 @@ class HubClient:
             if grown:
                 self._dialing -= 1
 
-    async def _wait_turn(self, index: int) -> None:
+    async def _wait_turn(self, index: int) -> bool:
         """Wait before dialling bulk slot ``index``: once some connection is up, and then
-        ``index`` stagger steps (``stagger_step``)."""
+        ``index`` stagger steps (``stagger_step``). False, at once, if the path wants fewer
+        bulk connections than ``index + 1`` (``bulk_connections``)."""
         if index == 0:
-            return
+            return True
         while not self._conns:
             await self._link_changed.wait()
         rtt = min(c.hello_rtt for c in self._conns)
-        await trio.sleep(index * stagger_step(self._stagger, self._bulk_slots, rtt))
+        slots = self._bulk_fixed or bulk_connections(rtt)
+        if index >= slots:
+            return False
+        await trio.sleep(index * stagger_step(self._stagger, slots, rtt))
+        return True
 
     async def _dial_until_up(self, role: str, *, quiet: bool) -> _Connection:
         backoff = BACKOFF_INITIAL

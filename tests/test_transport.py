@@ -29,13 +29,14 @@ from hypothesis import strategies as st
 
 from fabric import checksum
 from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
-                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, HubClient,
-                           adjacent_runs, demand_copies, stagger_step)
+                           HEDGE_COPIES, HEDGE_MAX_BLOCKS, LONG_PATH_CONNECTIONS, LONG_PATH_RTT,
+                           HubClient, adjacent_runs, bulk_connections, demand_copies,
+                           stagger_step)
 from fabric.congestion import CongestionStats, create_controller
 from fabric.congestion.base import SampledController
 from fabric.export import Export, WouldBlock
 from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello,
-                             Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
+                             Message, Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
                              decode_payload, encode)
 from fabric.transport.arrivals import ArrivalCount, ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
@@ -46,7 +47,7 @@ from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_
                                            MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
                                            headroom)
 from neuralcache.blocks import BLOCK_SIZE
-from tests.fabric_helpers import LOCALHOST, metric, start_hub, trio_test
+from tests.fabric_helpers import LOCALHOST, Proxy, metric, start_hub, trio_test
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -808,6 +809,50 @@ def test_bulk_connections_are_staggered_only_on_paths_where_it_ends_before_start
     assert stagger_step(BULK_STAGGER, DEFAULT_CONNECTIONS, 0.300) == step
     assert stagger_step(BULK_STAGGER, DEFAULT_CONNECTIONS, 0.900) == 0.0  # 11 round trips
     assert stagger_step(0.0, DEFAULT_CONNECTIONS, 0.060) == 0.0
+
+
+def test_a_long_path_gets_more_bulk_connections() -> None:
+    assert bulk_connections(0.0001) == DEFAULT_CONNECTIONS  # loopback
+    assert bulk_connections(0.060) == DEFAULT_CONNECTIONS
+    assert bulk_connections(LONG_PATH_RTT) == LONG_PATH_CONNECTIONS
+    assert bulk_connections(0.900) == LONG_PATH_CONNECTIONS
+    assert LONG_PATH_CONNECTIONS > DEFAULT_CONNECTIONS
+    # Where the pool is long, it is dialled at once (no stagger to stretch over 16 slots).
+    assert stagger_step(BULK_STAGGER, LONG_PATH_CONNECTIONS, LONG_PATH_RTT + 0.01) == 0.0
+
+
+@trio_test
+async def test_the_client_dials_the_pool_its_path_wants(export_dir: Path) -> None:
+    """A greeting that takes LONG_PATH_RTT (a proxy holds the hub's welcomes) makes a client
+    left to choose dial LONG_PATH_CONNECTIONS bulk connections; one given a count keeps it."""
+    async def slow_welcome(msg: Message) -> Message:
+        if isinstance(msg, Welcome):
+            await trio.sleep(LONG_PATH_RTT + 0.05)
+        return msg
+
+    demand = DEFAULT_DEMAND_CONNECTIONS
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        proxy = Proxy(hub.port, slow_welcome)
+        await nursery.start(proxy.serve)
+        chosen = HubClient(LOCALHOST, proxy.port, connect_timeout=5.0)
+        await nursery.start(chosen.run)
+        with trio.fail_after(10):
+            while len(chosen._conns) < LONG_PATH_CONNECTIONS + demand:
+                await trio.sleep(0.01)
+        fixed = HubClient(LOCALHOST, proxy.port, connect_timeout=5.0, connections=2)
+        await nursery.start(fixed.run)
+        await trio.sleep(3 * LONG_PATH_RTT)  # time for any slot past the second to dial
+        assert len(fixed._conns) == 2 + demand
+        assert len(chosen._conns) == LONG_PATH_CONNECTIONS + demand
+        nursery.cancel_scope.cancel()
+    # On loopback the same client dials the default pool and no more.
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        client = await started_client(nursery, hub.port)
+        await trio.sleep(0.3)
+        assert len(client._conns) == DEFAULT_CONNECTIONS + demand
+        nursery.cancel_scope.cancel()
 
 
 @settings(max_examples=200, deadline=None)
