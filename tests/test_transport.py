@@ -842,7 +842,10 @@ async def test_the_client_dials_the_pool_its_path_wants(export_dir: Path) -> Non
                 await trio.sleep(0.01)
         fixed = HubClient(LOCALHOST, proxy.port, connect_timeout=5.0, connections=2)
         await nursery.start(fixed.run)
-        await trio.sleep(3 * LONG_PATH_RTT)  # time for any slot past the second to dial
+        with trio.fail_after(10):
+            while len(fixed._conns) < 2 + demand:
+                await trio.sleep(0.01)
+        await trio.sleep(3 * LONG_PATH_RTT)  # time for a slot past the second to dial: none may
         assert len(fixed._conns) == 2 + demand
         assert len(chosen._conns) == LONG_PATH_CONNECTIONS + demand
         nursery.cancel_scope.cancel()
