@@ -223,10 +223,10 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
 
 def _bulk_connections() -> int:
     """Bulk connections the client had up at the end (``neuralcache_fabric_connections``)."""
-    from fabric.metrics import FABRIC_CONNECTIONS
+    from prometheus_client import REGISTRY
 
-    return sum(int(sample.value) for metric in FABRIC_CONNECTIONS.collect()
-               for sample in metric.samples if sample.labels.get("role") == "bulk")
+    return int(REGISTRY.get_sample_value("neuralcache_fabric_connections", {"role": "bulk"})
+               or 0)
 
 
 def _resume_outcome() -> str | None:
