@@ -222,11 +222,15 @@ def _fabric_load(host: str, port: int, congestion: str, duration: float,
 
 
 def _bulk_connections() -> int:
-    """Bulk connections the client had up at the end (``neuralcache_fabric_connections``)."""
+    """Bulk connections the client has up (``neuralcache_fabric_connections``)."""
+    return int(_gauge("neuralcache_fabric_connections", {"role": "bulk"}))
+
+
+def _gauge(name: str, labels: dict[str, str] | None = None) -> float:
+    """A fabric gauge's value in this process (0 before it is set)."""
     from prometheus_client import REGISTRY
 
-    return int(REGISTRY.get_sample_value("neuralcache_fabric_connections", {"role": "bulk"})
-               or 0)
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
 
 
 def _resume_outcome() -> str | None:
@@ -314,7 +318,9 @@ class _FabricLoad:
                                "srtt": _finite(s.srtt), "pacing_rate": s.pacing_rate,
                                "cwnd": s.cwnd, "inflight": s.bytes_in_flight,
                                "lost_packets": s.lost_packets, "loss_rate": s.loss_rate,
-                               "headroom": self.client.prefetch_headroom})
+                               "headroom": self.client.prefetch_headroom,
+                               "resent_ratio": _gauge("neuralcache_fabric_resent_ratio"),
+                               "bulk_connections": _bulk_connections()})
             await trio.sleep(SAMPLE_PERIOD)
 
 

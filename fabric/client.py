@@ -9,7 +9,8 @@ connections have two roles:
 
 * **bulk** (``connections``; by default ``bulk_connections``: four, sixteen on a long path;
   dialled over ``BULK_STAGGER`` unless the path is very short or very long,
-  ``stagger_step``): prefetch requests, cut into
+  ``stagger_step``; grown to ``LOSSY_PATH_CONNECTIONS`` once the path loses segments after
+  its start-up, ``SteadyLoss``): prefetch requests, cut into
   chunks as the controller's window and pacer allow, each sent on the bulk connection with
   the fewest bytes outstanding. A chunk counts as delivered when its bytes reach the spoke's
   kernel, not when TCP releases them in order (``transport.arrivals``): otherwise a lost
@@ -68,7 +69,7 @@ from .transport.framing import FrameReader, read_many_reply_size, read_reply_siz
 from .transport.limits import MAX_REQUESTS_PER_CONNECTION
 from .transport.reply_pacing import SHARE_MIN_RTT, ReplyPacing
 from .transport.request_pipe import RequestPipe
-from .transport.resend_rate import ResendRate
+from .transport.resend_rate import ResendRate, SteadyLoss
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,14 @@ for round trips of 0.9 s, and then idles a sixteenth of the pipe rather than a q
 LONG_PATH_RTT = 0.5
 """First greeting's round trip (s) from which a path is long: where the bulk connections are
 dialled at once (``STAGGER_MIN_ROUNDS`` x 0.5 s is the whole ``BULK_STAGGER``)."""
+
+LOSSY_PATH_CONNECTIONS = 16
+"""Bulk connections once a shorter path is seen to lose segments after its start-up
+(``SteadyLoss``): the extra ones are dialled then, at once. At 60 ms / 1 % sixteen from the
+start kept the demand p99 at 1.23-1.28 RTT against 1.59-1.67 with four, the same goodput
+(docs/transport.md, "More bulk connections on long paths, under nc_paced"); on the clean path
+they cost the mount's cold shuffle a little, so a path that does not lose segments keeps
+``DEFAULT_CONNECTIONS``."""
 
 BULK_STAGGER = 10.0
 """Seconds over which the bulk connections are dialled, evenly spaced. The kernel's BBR enters
@@ -419,6 +428,8 @@ class HubClient:
         self._state_label: tuple[str, str] | None = None
         self._next_publish = -math.inf
         self._resends = ResendRate()  # what the hub's TCP lately sent twice: hedge or not
+        self._steady_loss = SteadyLoss()  # the same after start-up: more bulk connections or not
+        self._lossy_path = trio.Event()  # set once SteadyLoss said so: the pool grows
         self._reply_pacing = ReplyPacing()  # the cap the hub's kernel paces bulk replies at
         self._path_memory = path_memory  # the path's kept model (fabric.path_memory), if any
         self._remember_period = remember_period
@@ -455,7 +466,8 @@ class HubClient:
             # two round trips, which the bulk connections should not add after the first's.
             for i in range(self._demand_slots):
                 nursery.start_soon(self._keep_up, DEMAND, i > 0)
-            most = self._bulk_fixed or max(DEFAULT_CONNECTIONS, LONG_PATH_CONNECTIONS)
+            most = self._bulk_fixed or max(DEFAULT_CONNECTIONS, LONG_PATH_CONNECTIONS,
+                                           LOSSY_PATH_CONNECTIONS)
             for i in range(most):  # those the path does not want end at their turn
                 nursery.start_soon(self._keep_up, BULK, True, False, i)
             nursery.start_soon(self._dispatch)
@@ -768,7 +780,9 @@ class HubClient:
         del conn.pending[msg.req_id]
         conn.pending_bytes -= sent.nbytes
         if isinstance(msg, (ReadReply, ReadManyReply)):
-            self._resends.on_delivered(trio.current_time(), sent.nbytes)
+            now = trio.current_time()
+            self._resends.on_delivered(now, sent.nbytes)
+            self._steady_loss.on_delivered(now, sent.nbytes)
             if msg.retransmitted is not None:
                 self._report_loss(conn, msg.retransmitted)
         if conn.arrivals is not None:
@@ -788,7 +802,13 @@ class HubClient:
             now = trio.current_time()
             self._pipe.on_path_loss(now, retransmitted - conn.retransmitted)
             self._resends.on_resent(now, retransmitted - conn.retransmitted)
+            self._steady_loss.on_resent(now, retransmitted - conn.retransmitted)
             conn.retransmitted = retransmitted
+            if not self._lossy_path.is_set() and self._steady_loss.lossy(now):
+                log.info("the path to the hub %s:%s loses segments after start-up (%.2f %% of "
+                         "the bytes resent lately)", self.host, self.port,
+                         100 * self._resends.ratio(now))
+                self._lossy_path.set()
 
     def _arrived(self, conn: _Connection, sent: _Sent) -> None:
         """``sent``'s reply has reached the spoke (its kernel, or the application): tell the
@@ -923,17 +943,22 @@ class HubClient:
 
     async def _wait_turn(self, index: int) -> bool:
         """Wait before dialling bulk slot ``index``: once some connection is up, and then
-        ``index`` stagger steps (``stagger_step``). False, at once, if the path wants fewer
-        bulk connections than ``index + 1`` (``bulk_connections``)."""
+        ``index`` stagger steps (``stagger_step``). A slot past what the path wants at first
+        (``bulk_connections``) waits until the path is seen to lose segments after start-up
+        (``SteadyLoss``), if it is one of ``LOSSY_PATH_CONNECTIONS``; else, or with a fixed
+        count, False at once."""
         if index == 0:
             return True
         while not self._conns:
             await self._link_changed.wait()
         rtt = min(c.hello_rtt for c in self._conns)
         slots = self._bulk_fixed or bulk_connections(rtt)
-        if index >= slots:
+        if index < slots:
+            await trio.sleep(index * stagger_step(self._stagger, slots, rtt))
+            return True
+        if self._bulk_fixed or index >= LOSSY_PATH_CONNECTIONS:
             return False
-        await trio.sleep(index * stagger_step(self._stagger, slots, rtt))
+        await self._lossy_path.wait()
         return True
 
     async def _dial_until_up(self, role: str, *, quiet: bool) -> _Connection:
@@ -1084,7 +1109,9 @@ class HubClient:
         metrics.FABRIC_INFLIGHT.set(s.bytes_in_flight)
         metrics.FABRIC_QUEUED.set(self._pipe.queued_bytes)
         metrics.FABRIC_LOSS_RATIO.set(s.loss_rate)
-        metrics.FABRIC_RESENT_RATIO.set(self._resends.ratio(trio.current_time()))
+        now = trio.current_time()
+        metrics.FABRIC_RESENT_RATIO.set(self._resends.ratio(now))
+        self._steady_loss.on_model(now, s.state, s.min_rtt)
         metrics.FABRIC_HEADROOM.set(self._pipe.headroom)
         label = (s.name, s.state)
         if label != self._state_label:

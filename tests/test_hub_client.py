@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import trio
 
-from fabric.client import (CHECKSUM_ATTEMPTS, ChecksumError, HubClient, HubUnavailable,
+from fabric.client import (CHECKSUM_ATTEMPTS, DEFAULT_CONNECTIONS, LOSSY_PATH_CONNECTIONS,
+                           ChecksumError, HubClient, HubUnavailable,
                            ReadData, RemoteError)
 from fabric.export import Export
 from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PROTOCOL_VERSION,
@@ -28,7 +29,7 @@ from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PRO
                              MetaReply, MetaRequest, ReadManyReply, ReadReply, ReadRequest, Role,
                              Welcome, encode)
 from fabric.transport import kernel_cc, tcp
-from fabric.transport.resend_rate import ResendRate
+from fabric.transport.resend_rate import ResendRate, SteadyLoss
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, flip_reply, metric,
                                   running_client, start_hub, trio_test)
@@ -484,6 +485,44 @@ async def test_arrivals_are_polled_while_the_hub_reports_loss_and_not_once_it_st
             await read_and_check(client, export_dir, BIG, 8, 8)
             await trio.sleep(0.1)
             assert steps.steps > quiet + 5  # a new report starts it again
+        nursery.cancel_scope.cancel()
+
+
+@trio_test
+async def test_a_path_that_loses_segments_after_start_up_gets_more_bulk_connections(
+        export_dir: Path) -> None:
+    """Every reply through the proxy reports a resent segment, so the controller's start-up
+    ends and the loss goes on after it: the client left to choose grows its bulk pool to
+    LOSSY_PATH_CONNECTIONS; one given a count keeps it. (On a clean loopback path the pool
+    stays at the default: ``test_the_client_dials_the_pool_its_path_wants``.)"""
+    big = entry(export_dir, BIG)
+
+    def bulk(client: HubClient) -> int:
+        return sum(c.role == Role.BULK for c in client._conns)
+
+    async with trio.open_nursery() as nursery:
+        hub = await start_hub(nursery, export_dir)
+        proxy = Proxy(hub.port, ReportLoss())
+        await nursery.start(proxy.serve)
+        async with running_client(proxy.port) as chosen, \
+                running_client(proxy.port, connections=2) as fixed:
+            for client in (chosen, fixed):
+                client._steady_loss = SteadyLoss(settle=0.1)
+            assert bulk(chosen) <= DEFAULT_CONNECTIONS
+            with trio.fail_after(20):
+                first = 0
+                while bulk(chosen) < LOSSY_PATH_CONNECTIONS:
+                    for client in (chosen, fixed):
+                        data = await client.read(big.file_id, big.version, first, 8,
+                                                 priority="prefetch",
+                                                 deadline=trio.current_time() + 5)
+                        assert data == blocks_of(export_dir, BIG, first, 8)
+                    first = (first + 8) % 256
+            assert chosen._steady_loss.lossy(trio.current_time())
+            assert fixed._steady_loss.lossy(trio.current_time())
+            await trio.sleep(0.3)  # a slot past the second would have dialled by now
+            assert bulk(fixed) == 2
+            assert bulk(chosen) == LOSSY_PATH_CONNECTIONS
         nursery.cancel_scope.cancel()
 
 

@@ -41,7 +41,8 @@ from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, Fram
 from fabric.transport.arrivals import ArrivalCount, ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
 from fabric.transport.resend_rate import (BUCKET_S, LOSSY_RESENT_RATIO, RESEND_WINDOW_S,
-                                          ResendRate)
+                                          SETTLE_ROUNDS, SETTLE_S, STEADY_MIN_RESENT,
+                                          ResendRate, SteadyLoss)
 from fabric.transport.framing import FrameReader, read_reply_frame, read_reply_size, send_frame
 from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_HEADROOM,
                                            MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
@@ -800,6 +801,53 @@ def test_the_path_is_lossy_from_the_resent_share_on() -> None:
         rate.on_delivered(0.0, 10**6)
         rate.on_resent(0.0, int(resent * 10**6))
         assert rate.lossy(0.5) is lossy
+
+
+def test_steady_loss_ignores_the_start_up_and_its_repairs() -> None:
+    """A clean path's start-up overflows the bottleneck (every path's does): its resends, and
+    those reported while it settles, never make the path lossy; 1 % loss after that does."""
+    def feed(loss: SteadyLoss, start: float, stop: float, share: float) -> None:
+        t = start
+        while t < stop:  # 25 MB/s in 10 ms steps, ``share`` of it resent
+            loss.on_delivered(t, 250_000)
+            loss.on_resent(t, int(share * 250_000))
+            t += 0.01
+
+    clean = SteadyLoss()
+    clean.on_model(0.0, "startup", 0.06)
+    feed(clean, 0.0, 1.5, 0.2)  # the start-up's tail drops
+    clean.on_model(1.5, "probe_bw", 0.06)
+    feed(clean, 1.5, 1.5 + SETTLE_S, 0.05)  # their repairs, reported while it settles
+    feed(clean, 1.5 + SETTLE_S, 20.0, 0.0)
+    assert not clean.lossy(20.0)
+
+    lossy = SteadyLoss()
+    lossy.on_model(0.0, "startup", 0.06)
+    lossy.on_model(1.0, "probe_bw", 0.06)
+    assert not lossy.lossy(1.0)
+    feed(lossy, 1.0, 1.0 + SETTLE_S + 0.5, 0.01)
+    assert lossy.lossy(1.0 + SETTLE_S + 0.5)  # 0.5 s of 1 %: ~125 KB resent
+    lossy.on_model(4.0, "slow_start", 0.06)  # a new start-up: counted afresh after it
+    assert not lossy.lossy(4.0)
+
+
+def test_steady_loss_wants_a_rate_and_more_than_a_stray_drop() -> None:
+    few = SteadyLoss()
+    few.on_model(0.0, "probe_bw", 0.9)  # a long path settles over SETTLE_ROUNDS round trips
+    settled = SETTLE_ROUNDS * 0.9
+    assert settled > SETTLE_S
+    few.on_resent(settled - 0.1, STEADY_MIN_RESENT)
+    assert not few.lossy(settled)  # reported before it settled
+    few.on_delivered(settled, 10**6)
+    few.on_resent(settled, 2 * 1448)  # two drops: a ratio above the line, but two drops
+    assert not few.lossy(settled)
+    few.on_resent(settled, STEADY_MIN_RESENT)
+    assert few.lossy(settled)
+    rare = SteadyLoss(settle=0.0)
+    rare.on_model(0.0, "probe_bw", 0.06)
+    rare.on_delivered(0.0, int(2 * STEADY_MIN_RESENT / LOSSY_RESENT_RATIO))
+    rare.on_resent(0.0, STEADY_MIN_RESENT)  # half the share that counts as lossy
+    assert not rare.lossy(0.0)
 
 
 def test_bulk_connections_are_staggered_only_on_paths_where_it_ends_before_start_up() -> None:

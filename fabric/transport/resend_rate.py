@@ -5,11 +5,13 @@ hub's reports (protocol version 3: each read reply carries the bytes its connect
 ``ResendRate`` sets them against the reply bytes that arrived over the last ``window`` seconds:
 on a clean path it is 0, at 1 % random loss about 0.01. The client hedges small demand reads
 and keeps prefetch chunks small only while it is above ``LOSSY_RESENT_RATIO``, so a clean path
-does not pay for every such read twice.
+does not pay for every such read twice. ``SteadyLoss`` asks the same once the start-up's own
+losses are past: the client keeps more bulk connections on a path that loses segments then.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 RESEND_WINDOW_S = 10.0
@@ -75,3 +77,61 @@ class ResendRate:
             self._resent -= resent
         if not buckets:  # no float drift left behind
             self._delivered = self._resent = 0.0
+
+
+STARTING_STATES = frozenset({"startup", "drain", "slow_start"})
+"""Controller states (``CongestionStats.state``) of a start-up: BBR's STARTUP and DRAIN, CUBIC's
+slow start."""
+
+SETTLE_S = 2.0
+"""Seconds after the controller leaves its start-up before ``SteadyLoss`` counts resends. A
+start-up overfills the bottleneck's queue, on a clean path too (60 ms / 200 Mbit/s: ~5,000 tail
+drops in its first 1.5 s), and the hub reports the repairs over the next round trips; on that
+path no resend was reported later than about half a second after it."""
+SETTLE_ROUNDS = 20
+"""The same in round trips, for paths where ``SETTLE_S`` is only a few of them."""
+STEADY_MIN_RESENT = 64 * 1024
+"""Resent bytes (about 45 segments) the window must hold before the path counts as steadily
+lossy: a stray drop or two early in the window, over few delivered bytes, is not a loss rate."""
+
+
+class SteadyLoss:
+    """Whether the path loses segments once the controller's start-up has settled.
+
+    ``ResendRate`` counts every resend, and a start-up's overflow makes every path lossy for a
+    window after it; here only what the hub reports from ``settle`` seconds (or
+    ``SETTLE_ROUNDS`` round trips) after the start-up on
+    counts, so a clean path never reads as lossy. The client feeds it the controller's state
+    (``on_model``) and the same reports as its ``ResendRate``. ``settle``: ``SETTLE_S``.
+    """
+
+    def __init__(self, settle: float = SETTLE_S) -> None:
+        self._settle = settle
+        self._counts_from: float | None = None  # None while the controller is starting up
+        self._rate = ResendRate()
+
+    def on_model(self, now: float, state: str, min_rtt: float) -> None:
+        """The controller's state and min RTT as of ``now``."""
+        if state in STARTING_STATES:
+            self._counts_from = None
+            self._rate = ResendRate()
+        elif self._counts_from is None:
+            rtt = min_rtt if math.isfinite(min_rtt) else 0.0
+            self._counts_from = now + max(self._settle, SETTLE_ROUNDS * rtt)
+
+    def _counting(self, now: float) -> bool:
+        return self._counts_from is not None and now >= self._counts_from
+
+    def on_delivered(self, now: float, nbytes: int) -> None:
+        if self._counting(now):
+            self._rate.on_delivered(now, nbytes)
+
+    def on_resent(self, now: float, nbytes: int) -> None:
+        if self._counting(now):
+            self._rate.on_resent(now, nbytes)
+
+    def lossy(self, now: float) -> bool:
+        """The hub's TCP lately resent at least ``STEADY_MIN_RESENT`` bytes and
+        ``LOSSY_RESENT_RATIO`` of what was delivered, all after the start-up settled."""
+        delivered, resent = self._rate.totals(now)
+        return resent >= STEADY_MIN_RESENT and resent >= LOSSY_RESENT_RATIO * delivered
