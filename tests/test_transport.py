@@ -30,14 +30,14 @@ from hypothesis import strategies as st
 from fabric import checksum
 from fabric.client import (BULK_STAGGER, DEFAULT_CONNECTIONS, DEFAULT_DEMAND_CONNECTIONS,
                            HEDGE_COPIES, HEDGE_MAX_BLOCKS, LONG_PATH_CONNECTIONS, LONG_PATH_RTT,
-                           HubClient, adjacent_runs, bulk_connections, demand_copies,
-                           stagger_step)
+                           HubClient, _Connection, _Sent, adjacent_runs, bulk_connections,
+                           demand_copies, stagger_step)
 from fabric.congestion import CongestionStats, create_controller
 from fabric.congestion.base import SampledController
 from fabric.export import Export, WouldBlock
 from fabric.protocol import (MAX_READ_RANGES, PROTOCOL_VERSION, ErrorReply, FrameDecoder, Hello,
-                             Message, Priority, ProtocolError, ReadReply, ReadRequest, Welcome,
-                             decode_payload, encode)
+                             Message, Priority, ProtocolError, ReadReply, ReadRequest, Role,
+                             Welcome, decode_payload, encode)
 from fabric.transport.arrivals import ArrivalCount, ArrivalTracker, TcpCounters
 from fabric.transport.fair_queue import FairQueue
 from fabric.transport.resend_rate import (BUCKET_S, LOSSY_RESENT_RATIO, RESEND_WINDOW_S,
@@ -801,6 +801,26 @@ def test_the_path_is_lossy_from_the_resent_share_on() -> None:
         rate.on_delivered(0.0, 10**6)
         rate.on_resent(0.0, int(resent * 10**6))
         assert rate.lossy(0.5) is lossy
+
+
+def test_a_second_copy_goes_on_a_busy_connection_when_only_one_is_idle() -> None:
+    """Idle demand connections first; then busy ones, the one whose oldest request is
+    youngest first (a copy behind a reply is late only if that reply lost a segment; a read
+    sent once is late whenever it loses one)."""
+    def conn(*sent_at: float) -> _Connection:
+        c = _Connection(None, None, Role.DEMAND, 0.0)  # type: ignore[arg-type]
+        for i, t in enumerate(sent_at):
+            c.pending[i] = _Sent(i, None, BLOCK_SIZE, t)
+        return c
+
+    client = HubClient(LOCALHOST, 1)  # not running: no pool grows
+    idle, older, younger = conn(), conn(1.0, 5.0), conn(3.0)
+    client._conns = [older, idle, younger]
+    assert client._pick_demand(1) == [idle]
+    assert client._pick_demand(2) == [idle, younger]
+    assert client._pick_demand(3) == [idle, younger, older]
+    client._conns = [older, younger]
+    assert client._pick_demand(2) == [younger, older]
 
 
 def test_steady_loss_ignores_the_start_up_and_its_repairs() -> None:
