@@ -86,8 +86,9 @@ slow start."""
 SETTLE_S = 2.0
 """Seconds after the controller leaves its start-up before ``SteadyLoss`` counts resends. A
 start-up overfills the bottleneck's queue, on a clean path too (60 ms / 200 Mbit/s: ~5,000 tail
-drops in its first 1.5 s), and the hub reports the repairs over the next round trips; on that
-path no resend was reported later than about half a second after it."""
+drops before it ended, about 1 s in), and the hub reports the repairs over the next round
+trips; on that path every resend had been reported by the first look at the controller out of
+start-up, none later (``bench.transport --save``'s model samples, every 0.5 s)."""
 SETTLE_ROUNDS = 20
 """The same in round trips, for paths where ``SETTLE_S`` is only a few of them."""
 STEADY_MIN_RESENT = 64 * 1024
@@ -99,10 +100,10 @@ class SteadyLoss:
     """Whether the path loses segments once the controller's start-up has settled.
 
     ``ResendRate`` counts every resend, and a start-up's overflow makes every path lossy for a
-    window after it; here only what the hub reports from ``settle`` seconds (or
-    ``SETTLE_ROUNDS`` round trips) after the start-up on
-    counts, so a clean path never reads as lossy. The client feeds it the controller's state
-    (``on_model``) and the same reports as its ``ResendRate``. ``settle``: ``SETTLE_S``.
+    window after it; here only what the hub reports from ``settle`` seconds (``SETTLE_S``; or
+    ``SETTLE_ROUNDS`` round trips if longer) after the start-up on counts, so a clean path
+    never reads as lossy. The client feeds it the controller's state (``on_model``) and the
+    same reports as its ``ResendRate``.
     """
 
     def __init__(self, settle: float = SETTLE_S) -> None:
