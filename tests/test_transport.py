@@ -826,20 +826,23 @@ def test_a_second_copy_goes_on_a_busy_connection_when_only_one_is_idle() -> None
 def test_steady_loss_ignores_the_start_up_and_its_repairs() -> None:
     """A clean path's start-up overflows the bottleneck (every path's does): its resends, and
     those reported while it settles, never make the path lossy; 1 % loss after that does."""
-    def feed(loss: SteadyLoss, start: float, stop: float, share: float) -> None:
+    def feed(loss: SteadyLoss | ResendRate, start: float, stop: float, share: float) -> None:
         t = start
         while t < stop:  # 25 MB/s in 10 ms steps, ``share`` of it resent
             loss.on_delivered(t, 250_000)
             loss.on_resent(t, int(share * 250_000))
             t += 0.01
 
-    clean = SteadyLoss()
+    clean, every = SteadyLoss(), ResendRate()
     clean.on_model(0.0, "startup", 0.06)
-    feed(clean, 0.0, 1.5, 0.2)  # the start-up's tail drops
+    for rate in (clean, every):
+        feed(rate, 0.0, 1.5, 0.2)  # the start-up's tail drops
     clean.on_model(1.5, "probe_bw", 0.06)
-    feed(clean, 1.5, 1.5 + SETTLE_S, 0.05)  # their repairs, reported while it settles
-    feed(clean, 1.5 + SETTLE_S, 20.0, 0.0)
-    assert not clean.lossy(20.0)
+    for rate in (clean, every):
+        feed(rate, 1.5, 1.5 + SETTLE_S, 0.05)  # their repairs, reported while it settles
+        feed(rate, 1.5 + SETTLE_S, 6.0, 0.0)
+    assert every.lossy(6.0)  # what the hedging sees: the start-up is still in its window
+    assert not clean.lossy(6.0)
 
     lossy = SteadyLoss()
     lossy.on_model(0.0, "startup", 0.06)
