@@ -12,6 +12,10 @@ import math
 
 from .base import DEFAULT_INITIAL_RTT, DEFAULT_MSS, CongestionStats, SampledController
 
+SLOW_START = "slow_start"
+"""``Cubic.state`` while cwnd is below ssthresh (``transport.resend_rate`` reads it as a
+start-up)."""
+
 BETA = 0.7
 """Multiplicative decrease factor (RFC 8312 beta_cubic)."""
 
@@ -55,7 +59,7 @@ class Cubic(SampledController):
     def state(self) -> str:
         if self._in_recovery:
             return "recovery"
-        return "slow_start" if self._cwnd < self.ssthresh else "congestion_avoidance"
+        return SLOW_START if self._cwnd < self.ssthresh else "congestion_avoidance"
 
     def stats(self) -> CongestionStats:
         return self._stats(

@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from ..congestion.bbr import BBRState
+from ..congestion.cubic import SLOW_START
+
 RESEND_WINDOW_S = 10.0
 """Seconds of history the ratio covers: long enough to hold a few losses at 0.1 %, short
 enough that a burst of tail drops during start-up is forgotten soon after."""
@@ -79,7 +82,7 @@ class ResendRate:
             self._delivered = self._resent = 0.0
 
 
-STARTING_STATES = frozenset({"startup", "drain", "slow_start"})
+STARTING_STATES = frozenset({BBRState.STARTUP.value, BBRState.DRAIN.value, SLOW_START})
 """Controller states (``CongestionStats.state``) of a start-up: BBR's STARTUP and DRAIN, CUBIC's
 slow start."""
 
