@@ -1116,7 +1116,7 @@ class HubClient:
         metrics.FABRIC_LOSS_RATIO.set(s.loss_rate)
         now = trio.current_time()
         metrics.FABRIC_RESENT_RATIO.set(self._resends.ratio(now))
-        self._steady_loss.on_model(now, s.state, s.min_rtt)
+        self._steady_loss.on_model(now, s.starting, s.min_rtt)
         metrics.FABRIC_HEADROOM.set(self._pipe.headroom)
         label = (s.name, s.state)
         if label != self._state_label:

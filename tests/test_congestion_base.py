@@ -216,7 +216,7 @@ def test_stats_loss_rate():
     stats = create_controller("cubic").stats()
     assert stats.loss_rate == 0.0
     lossy = CongestionStats(
-        name="x", state="s", btl_bw=0, min_rtt=1, srtt=1, pacing_rate=1, cwnd=1,
+        name="x", state="s", starting=False, btl_bw=0, min_rtt=1, srtt=1, pacing_rate=1, cwnd=1,
         bytes_in_flight=0, delivered_bytes=99, lost_bytes=1, lost_packets=1,
     )
     assert lossy.loss_rate == pytest.approx(0.01)

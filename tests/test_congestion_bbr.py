@@ -8,8 +8,9 @@ import pytest
 
 from fabric.congestion import BBR, BBRState, Cubic
 from fabric.congestion.bbr import (CLEAN_CWND_GAIN, CWND_GAIN, HELD_ALLOWANCE_MAX, HIGH_GAIN,
-                                   PACING_GAIN_CYCLE, PACING_MARGIN, PROBE_RTT_CWND_GAIN,
-                                   SUSTAINED_LOSS_SECONDS, SUSTAINED_LOSS_SPAN)
+                                   MIN_RTT_WINDOW, PACING_GAIN_CYCLE, PACING_MARGIN,
+                                   PROBE_RTT_CWND_GAIN, SUSTAINED_LOSS_SECONDS,
+                                   SUSTAINED_LOSS_SPAN)
 from bench.linksim import AppLimit, FlowSpec, LinkConfig, simulate
 
 MSS = 64 * 1024
@@ -311,12 +312,12 @@ def test_mixed_request_sizes(sizes, min_util, max_mean_queue_bdps):
     assert r.flows[0].snapshot_at(10.0).btl_bw == pytest.approx(RATE, rel=0.02)
 
 
-def _app_limited_startup(resent_share: float) -> BBR:
+def _app_limited_startup(resent_share: float, until: float = 3.0) -> BBR:
     """A flow that keeps 8 requests in flight and marks itself app-limited at every send,
     with the transport below reporting ``resent_share`` of each ack's bytes as resent."""
     cc = BBR(seed=0, mss=MSS)
     t, sent, acked = 0.0, 0, 0
-    while t < 3.0:
+    while t < until:
         while sent - acked < 8:
             cc.on_app_limited(t)
             cc.on_packet_sent(t, sent, MSS)
@@ -335,6 +336,20 @@ def test_startup_ends_on_loss_repaired_below_even_when_app_limited():
     assert _app_limited_startup(0.01).state is BBRState.STARTUP
     lossy = _app_limited_startup(0.05)
     assert lossy.full_bw_reached and lossy.state is not BBRState.STARTUP
+
+
+def test_stats_say_starting_until_the_pipe_is_found_full_and_drained():
+    """``CongestionStats.starting`` (what the client's ``SteadyLoss`` waits out) covers STARTUP,
+    DRAIN and a PROBE_RTT taken before the pipe was found full, which returns to STARTUP."""
+    assert BBR(seed=0, mss=MSS).stats().starting
+    # App-limited and clean: STARTUP never ends by growth, and 10 s after its one min_rtt
+    # sample it probes for a lower one.
+    probing = _app_limited_startup(0.0, until=MIN_RTT_WINDOW + 0.1)
+    assert probing.state is BBRState.PROBE_RTT and not probing.full_bw_reached
+    assert probing.stats().starting
+    cc = BBR(seed=0, mss=MSS)
+    _steady_pipe(cc, 300)
+    assert cc.state is BBRState.PROBE_BW and not cc.stats().starting
 
 
 LONG_RATE, LONG_RTT = 12.5e6, 0.9

@@ -33,7 +33,7 @@ class FixedWindow(SampledController):
         self.sampler.on_lost(packet_id)
 
     def stats(self) -> CongestionStats:
-        return self._stats(state="fixed", btl_bw=0.0, min_rtt=self.sampler.min_rtt)
+        return self._stats(state="fixed", starting=False, btl_bw=0.0, min_rtt=self.sampler.min_rtt)
 
 
 def test_window_below_bdp_is_window_limited():

@@ -113,7 +113,7 @@ def test_the_hints_file_is_write_only_and_the_directory_holds_only_it() -> None:
 
 
 def _stats(btl_bw: float, min_rtt: float) -> CongestionStats:
-    return CongestionStats("bbr", "startup", btl_bw, min_rtt, min_rtt, btl_bw, 0, 0, 0, 0, 0)
+    return CongestionStats("bbr", "startup", True, btl_bw, min_rtt, min_rtt, btl_bw, 0, 0, 0, 0, 0)
 
 
 def test_the_link_estimate_is_the_transport_model_once_it_has_one() -> None:

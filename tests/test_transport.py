@@ -324,7 +324,8 @@ class _FastPath(SampledController):
         self.sampler.on_sent(now, packet_id, nbytes)
 
     def stats(self) -> CongestionStats:
-        return self._stats(state="fast", btl_bw=self._pacing_rate, min_rtt=math.inf)
+        return self._stats(state="fast", starting=False, btl_bw=self._pacing_rate,
+                           min_rtt=math.inf)
 
 
 def test_a_chunk_carries_at_most_max_read_ranges() -> None:
@@ -834,10 +835,10 @@ def test_steady_loss_ignores_the_start_up_and_its_repairs() -> None:
             t += 0.01
 
     clean, every = SteadyLoss(), ResendRate()
-    clean.on_model(0.0, "startup", 0.06)
+    clean.on_model(0.0, True, 0.06)
     for rate in (clean, every):
         feed(rate, 0.0, 1.5, 0.2)  # the start-up's tail drops
-    clean.on_model(1.5, "probe_bw", 0.06)
+    clean.on_model(1.5, False, 0.06)
     for rate in (clean, every):
         feed(rate, 1.5, 1.5 + SETTLE_S, 0.05)  # their repairs, reported while it settles
         feed(rate, 1.5 + SETTLE_S, 6.0, 0.0)
@@ -845,18 +846,18 @@ def test_steady_loss_ignores_the_start_up_and_its_repairs() -> None:
     assert not clean.lossy(6.0)
 
     lossy = SteadyLoss()
-    lossy.on_model(0.0, "startup", 0.06)
-    lossy.on_model(1.0, "probe_bw", 0.06)
+    lossy.on_model(0.0, True, 0.06)
+    lossy.on_model(1.0, False, 0.06)
     assert not lossy.lossy(1.0)
     feed(lossy, 1.0, 1.0 + SETTLE_S + 0.5, 0.01)
     assert lossy.lossy(1.0 + SETTLE_S + 0.5)  # 0.5 s of 1 %: ~125 KB resent
-    lossy.on_model(4.0, "slow_start", 0.06)  # a new start-up: counted afresh after it
+    lossy.on_model(4.0, True, 0.06)  # a new start-up: counted afresh after it
     assert not lossy.lossy(4.0)
 
 
 def test_steady_loss_wants_a_rate_and_more_than_a_stray_drop() -> None:
     few = SteadyLoss()
-    few.on_model(0.0, "probe_bw", 0.9)  # a long path settles over SETTLE_ROUNDS round trips
+    few.on_model(0.0, False, 0.9)  # a long path settles over SETTLE_ROUNDS round trips
     settled = SETTLE_ROUNDS * 0.9
     assert settled > SETTLE_S
     few.on_resent(settled - 0.1, STEADY_MIN_RESENT)
@@ -867,7 +868,7 @@ def test_steady_loss_wants_a_rate_and_more_than_a_stray_drop() -> None:
     few.on_resent(settled, STEADY_MIN_RESENT)
     assert few.lossy(settled)
     rare = SteadyLoss(settle=0.0)
-    rare.on_model(0.0, "probe_bw", 0.06)
+    rare.on_model(0.0, False, 0.06)
     rare.on_delivered(0.0, int(2 * STEADY_MIN_RESENT / LOSSY_RESENT_RATIO))
     rare.on_resent(0.0, STEADY_MIN_RESENT)  # half the share that counts as lossy
     assert not rare.lossy(0.0)

@@ -92,6 +92,7 @@ class CongestionStats:
 
     name: str
     state: str
+    starting: bool  # in its start-up: its own losses are the queue it overfills, not the path's
     btl_bw: float  # bytes/s: BBR's bottleneck-bandwidth estimate; CUBIC: latest delivery rate
     min_rtt: float  # seconds (inf before the first sample)
     srtt: float  # seconds, smoothed (inf before the first sample)
@@ -368,11 +369,13 @@ class SampledController:
         """Bytes the receiver got off the path: they bound BBR's bandwidth samples."""
         self.sampler.on_arrived(now, nbytes)
 
-    def _stats(self, *, state: str, btl_bw: float, min_rtt: float) -> CongestionStats:
+    def _stats(self, *, state: str, starting: bool, btl_bw: float, min_rtt: float
+               ) -> CongestionStats:
         s = self.sampler
         return CongestionStats(
             name=self.name,
             state=state,
+            starting=starting,
             btl_bw=btl_bw,
             min_rtt=min_rtt,
             srtt=s.srtt,

@@ -248,7 +248,10 @@ class BBR(SampledController):
         return (self._bw.get() or None) if self.full_bw_reached else None
 
     def stats(self) -> CongestionStats:
-        return self._stats(state=self.state.value, btl_bw=self.btl_bw, min_rtt=self.min_rtt)
+        # A PROBE_RTT before the pipe was found full is still the start-up (it returns there).
+        starting = not self.full_bw_reached or self.state is BBRState.DRAIN
+        return self._stats(state=self.state.value, starting=starting, btl_bw=self.btl_bw,
+                           min_rtt=self.min_rtt)
 
     @property
     def min_cwnd(self) -> int:

@@ -13,8 +13,7 @@ import math
 from .base import DEFAULT_INITIAL_RTT, DEFAULT_MSS, CongestionStats, SampledController
 
 SLOW_START = "slow_start"
-"""``Cubic.state`` while cwnd is below ssthresh (``transport.resend_rate`` reads it as a
-start-up)."""
+"""``Cubic.state`` while cwnd is below ssthresh: its start-up (``CongestionStats.starting``)."""
 
 BETA = 0.7
 """Multiplicative decrease factor (RFC 8312 beta_cubic)."""
@@ -62,9 +61,9 @@ class Cubic(SampledController):
         return SLOW_START if self._cwnd < self.ssthresh else "congestion_avoidance"
 
     def stats(self) -> CongestionStats:
-        return self._stats(
-            state=self.state, btl_bw=self.sampler.latest_rate, min_rtt=self.sampler.min_rtt
-        )
+        state = self.state
+        return self._stats(state=state, starting=state == SLOW_START,
+                           btl_bw=self.sampler.latest_rate, min_rtt=self.sampler.min_rtt)
 
     def on_packet_sent(self, now: float, packet_id: int, nbytes: int) -> None:
         self.sampler.on_sent(now, packet_id, nbytes)

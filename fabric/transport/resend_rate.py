@@ -14,9 +14,6 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from ..congestion.bbr import BBRState
-from ..congestion.cubic import SLOW_START
-
 RESEND_WINDOW_S = 10.0
 """Seconds of history the ratio covers: long enough to hold a few losses at 0.1 %, short
 enough that a burst of tail drops during start-up is forgotten soon after."""
@@ -82,10 +79,6 @@ class ResendRate:
             self._delivered = self._resent = 0.0
 
 
-STARTING_STATES = frozenset({BBRState.STARTUP.value, BBRState.DRAIN.value, SLOW_START})
-"""Controller states (``CongestionStats.state``) of a start-up: BBR's STARTUP and DRAIN, CUBIC's
-slow start."""
-
 SETTLE_S = 2.0
 """Seconds after the controller leaves its start-up before ``SteadyLoss`` counts resends. A
 start-up overfills the bottleneck's queue, on a clean path too (60 ms / 200 Mbit/s: ~5,000 tail
@@ -105,8 +98,8 @@ class SteadyLoss:
     ``ResendRate`` counts every resend, and a start-up's overflow makes every path lossy for a
     window after it; here only what the hub reports from ``settle`` seconds (``SETTLE_S``; or
     ``SETTLE_ROUNDS`` round trips if longer) after the start-up on counts, so a clean path
-    never reads as lossy. The client feeds it the controller's state (``on_model``) and the
-    same reports as its ``ResendRate``.
+    never reads as lossy. The client feeds it whether the controller is starting up
+    (``on_model``) and the same reports as its ``ResendRate``.
     """
 
     def __init__(self, settle: float = SETTLE_S) -> None:
@@ -114,9 +107,10 @@ class SteadyLoss:
         self._counts_from: float | None = None  # None while the controller is starting up
         self._rate = ResendRate()
 
-    def on_model(self, now: float, state: str, min_rtt: float) -> None:
-        """The controller's state and min RTT as of ``now``."""
-        if state in STARTING_STATES:
+    def on_model(self, now: float, starting: bool, min_rtt: float) -> None:
+        """Whether the controller is in its start-up (``CongestionStats.starting``), and its
+        min RTT, as of ``now``."""
+        if starting:
             self._counts_from = None
             self._rate = ResendRate()
         elif self._counts_from is None:
