@@ -677,7 +677,7 @@ class HubClient:
                 _WAIT_CONNECTIONS.inc(trio.current_time() - now)
                 continue
             queued = self._pipe.queued_bytes > 0
-            out = self._pipe.poll(now, self._resends.lossy(now))
+            out = self._pipe.poll(now, self._resends.ratio(now))
             if out is None:
                 await self._wake.wait()
                 (_WAIT_WINDOW if queued else _WAIT_EMPTY).inc(trio.current_time() - now)

@@ -44,9 +44,9 @@ from fabric.transport.resend_rate import (BUCKET_S, LOSSY_RESENT_RATIO, RESEND_W
                                           SETTLE_ROUNDS, SETTLE_S, STEADY_MIN_RESENT,
                                           ResendRate, SteadyLoss)
 from fabric.transport.framing import FrameReader, read_reply_frame, read_reply_size, send_frame
-from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_REQUEST_BYTES, MIN_HEADROOM,
-                                           MIN_REQUEST_BYTES, Chunk, RequestPipe, chunk_bytes,
-                                           headroom)
+from fabric.transport.request_pipe import (MAX_HEADROOM, MAX_LOSS_HEADROOM, MAX_REQUEST_BYTES,
+                                           MIN_HEADROOM, MIN_REQUEST_BYTES, Chunk, RequestPipe,
+                                           chunk_bytes, headroom)
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import LOCALHOST, Proxy, metric, start_hub, trio_test
 
@@ -130,6 +130,22 @@ def test_headroom_is_the_timing_noise_over_the_round_trip() -> None:
     assert headroom(0.9) == MIN_HEADROOM
     assert MIN_HEADROOM < headroom(0.06) < MAX_HEADROOM
     assert headroom(0.0001) == MAX_HEADROOM
+
+
+def test_headroom_leaves_room_for_what_the_hub_resends() -> None:
+    """A long path that resends 1 % paces 1 % lower; a start-up's overflow counts only up to
+    MAX_LOSS_HEADROOM; on a short path the timing noise already holds the share."""
+    assert headroom(0.9, 0.01) == pytest.approx(MIN_HEADROOM + 0.01)
+    assert headroom(0.9, 0.17) == pytest.approx(MIN_HEADROOM + MAX_LOSS_HEADROOM)
+    assert headroom(math.inf, 0.01) == pytest.approx(MIN_HEADROOM + 0.01)
+    assert headroom(0.06, 0.01) == headroom(0.06)
+    pipe = RequestPipe(create_controller("bbr"))
+    pipe.submit("a", 0, 4096)
+    pipe.poll(0.0)
+    clean = pipe.rate
+    pipe.poll(0.0, 0.01)
+    assert pipe.headroom == headroom(pipe.stats().min_rtt, 0.01)
+    assert pipe.rate == pytest.approx(clean * (1 - pipe.headroom) / (1 - headroom(math.inf)))
 
 
 def test_prefetch_is_cut_into_chunks_and_waits_for_the_window() -> None:
@@ -299,12 +315,12 @@ def test_small_jobs_share_a_chunk_up_to_its_size() -> None:
         pipe.submit(job, 100, 4)
     pipe.submit("e", 0, 10)
     pipe.submit("f", 50, 2)
-    first = pipe.poll(10.0, lossy=True)
+    first = pipe.poll(10.0, LOSSY_RESENT_RATIO)
     assert isinstance(first, Chunk)
     assert first.pieces == (("a", 100, 4), ("b", 100, 4), ("c", 100, 4), ("d", 100, 4))
     assert first.nbytes == MIN_REQUEST_BYTES
     pipe.on_acked(10.001, first.packet_id)
-    second = pipe.poll(10.01, lossy=True)
+    second = pipe.poll(10.01, LOSSY_RESENT_RATIO)
     assert isinstance(second, Chunk) and second.pieces == (("e", 0, 10), ("f", 50, 2))
     assert pipe.queued_bytes == 0
 

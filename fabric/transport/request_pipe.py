@@ -47,6 +47,7 @@ from neuralcache.blocks import BLOCK_SIZE
 
 from ..congestion import CongestionController, CongestionStats, Pacer, ResumableController
 from ..protocol import MAX_READ_BLOCKS, MAX_READ_RANGES
+from .resend_rate import LOSSY_RESENT_RATIO
 
 MIN_REQUEST_BYTES = 64 * 1024
 """Smallest prefetch chunk: the controller's segment (``DEFAULT_MSS``), 16 blocks."""
@@ -73,15 +74,31 @@ MIN_HEADROOM = 0.01
 """Headroom on long paths, where the timing noise is negligible: leaves BBR's 0.75 phase
 something to drain."""
 
+MAX_LOSS_HEADROOM = 0.02
+"""Most of the resent share (``headroom``) added to ``MIN_HEADROOM``: random loss up to BBR's
+``STARTUP_LOSS_RATE``. A start-up's overflow puts the share far above it for a window (17 % 2 s
+into a clean 60 ms path's run); that is the queue draining, not room to leave for good."""
+
 MAX_HEADROOM = 0.10
 """Headroom cap for sub-millisecond paths (loopback), where CPU, not the pacer, is the limit."""
 
 
-def headroom(min_rtt: float) -> float:
-    """Fraction of the controller's pacing rate prefetch leaves unused on a path of min_rtt."""
+def headroom(min_rtt: float, resent_share: float = 0.0) -> float:
+    """Fraction of the controller's pacing rate prefetch leaves unused on a path of min_rtt
+    whose hub lately resent ``resent_share`` of the bytes (``ResendRate``).
+
+    Resent segments cross the bottleneck too, and the bandwidth estimate sits at what arrives,
+    them included: its samples, inflated when TCP releases held-back replies together, are
+    capped by the arrival rate, which counts them. At 900 ms / 1 % that estimate is the wire's
+    payload rate (12.1 MB/s), so prefetch paced 1 % below it left the 1 % the resends take and
+    next to nothing to drain a queue with; a probe's or start-up's queue stood for tens of
+    seconds in front of the demand replies (docs/transport.md, "The 900 ms first contact's
+    demand tail"). So the floor grows by the share. On short paths the timing noise (5 % at
+    60 ms) already holds it: the larger of the two, not their sum."""
+    floor = MIN_HEADROOM + min(max(resent_share, 0.0), MAX_LOSS_HEADROOM)
     if not math.isfinite(min_rtt) or min_rtt <= 0:
-        return MIN_HEADROOM
-    return min(MAX_HEADROOM, max(MIN_HEADROOM, ACK_TIMING_NOISE / min_rtt))
+        return floor
+    return min(MAX_HEADROOM, max(floor, ACK_TIMING_NOISE / min_rtt))
 
 
 def chunk_bytes(pacing_rate: float, lossy: bool = False) -> int:
@@ -123,6 +140,7 @@ class RequestPipe:
 
     def __init__(self, controller: CongestionController, *, pacer: Pacer | None = None) -> None:
         self.controller = controller
+        self._resent_share = 0.0  # as of the last poll (``headroom``)
         self.pacer = pacer if pacer is not None else Pacer(self.rate)
         self._origin: float | None = None
         self._queue: deque[list] = deque()  # [job, next block, end block], FIFO
@@ -139,7 +157,7 @@ class RequestPipe:
     @property
     def headroom(self) -> float:
         """Fraction of the controller's pacing rate left unused (see ``headroom()``)."""
-        return headroom(self.controller.stats().min_rtt)
+        return headroom(self.controller.stats().min_rtt, self._resent_share)
 
     @property
     def queued_bytes(self) -> int:
@@ -203,16 +221,19 @@ class RequestPipe:
             self._origin = now
         return now - self._origin
 
-    def poll(self, now: float, lossy: bool = False) -> Chunk | float | None:
+    def poll(self, now: float, resent_share: float = 0.0) -> Chunk | float | None:
         """The chunk to send now (already counted as sent), the time to poll again, or None.
-        ``lossy``: the path lately lost segments (``chunk_bytes``)."""
+        ``resent_share``: of the bytes the path lately delivered, the share the hub's TCP
+        resent (``ResendRate.ratio``), for the chunks' size and the headroom."""
         t = self._since(now)
+        self._resent_share = resent_share
         if not self._queue:
             if self.controller.can_send(MIN_REQUEST_BYTES):
                 self.controller.on_app_limited(t)  # room in the window, nothing to ask
             return None
         if not self.controller.can_send(MIN_REQUEST_BYTES):
             return None
+        lossy = resent_share >= LOSSY_RESENT_RATIO
         pieces = self._head(chunk_bytes(self.controller.pacing_rate, lossy) // BLOCK_SIZE)
         nbytes = sum(piece[2] for piece in pieces) * BLOCK_SIZE
         self.pacer.update_rate(self.rate, t)
