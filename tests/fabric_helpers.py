@@ -144,6 +144,21 @@ class CorruptFirst:
 
 
 @dataclasses.dataclass
+class ReportLoss:
+    """A proxy ``Rewrite``: every read reply says its connection's TCP resent another segment,
+    or ``share`` of the reply's data if that is more (the running total, as the hub reports)."""
+
+    share: float = 0.0
+    resent: int = 0
+
+    async def __call__(self, msg: Message) -> Message:
+        if isinstance(msg, (ReadReply, ReadManyReply)):
+            self.resent += max(1448, int(self.share * len(msg.data)))
+            return dataclasses.replace(msg, retransmitted=self.resent)
+        return msg
+
+
+@dataclasses.dataclass
 class Proxy:
     """A TCP proxy in front of a hub: spoke->hub bytes pass unchanged, hub->spoke frames are decoded
     and handed to ``rewrite`` (which may alter or delay them) before being re-encoded."""

@@ -6,7 +6,6 @@ timeouts are small so the whole file runs in a few seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import random
@@ -26,13 +25,13 @@ from fabric.client import (CHECKSUM_ATTEMPTS, DEFAULT_CONNECTIONS, LOSSY_PATH_CO
 from fabric.export import Export
 from fabric.protocol import (MAX_FRAME, MAX_READ_BLOCKS, META_CHUNK_ENTRIES, PROTOCOL_VERSION,
                              ErrorCode, ErrorReply, FrameDecoder, Hello, Message, MetaEntry,
-                             MetaReply, MetaRequest, ReadManyReply, ReadReply, ReadRequest, Role,
+                             MetaReply, MetaRequest, ReadReply, ReadRequest, Role,
                              Welcome, encode)
 from fabric.transport import kernel_cc, tcp
 from fabric.transport.resend_rate import ResendRate, SteadyLoss
 from neuralcache.blocks import BLOCK_SIZE
-from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, flip_reply, metric,
-                                  running_client, start_hub, trio_test)
+from tests.fabric_helpers import (LOCALHOST, CorruptFirst, Proxy, ReportLoss, flip_reply,
+                                  metric, running_client, start_hub, trio_test)
 
 
 BIG = "big.bin"
@@ -434,19 +433,6 @@ async def test_an_unexpected_error_in_one_request_does_not_stop_the_hub(export_d
         async with running_client(hub.port) as newcomer:
             await read_and_check(newcomer, export_dir, BIG, 2, 2)
         hub.stop()
-
-
-@dataclasses.dataclass
-class ReportLoss:
-    """A proxy ``Rewrite``: every read reply says its connection's TCP resent another segment."""
-
-    resent: int = 0
-
-    async def __call__(self, msg: Message) -> Message:
-        if isinstance(msg, (ReadReply, ReadManyReply)):
-            self.resent += 1448
-            return dataclasses.replace(msg, retransmitted=self.resent)
-        return msg
 
 
 class PollerSteps(trio.abc.Instrument):
