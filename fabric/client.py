@@ -804,10 +804,10 @@ class HubClient:
         """Pass on what the hub's TCP resent on ``conn`` since its previous reply said."""
         if retransmitted > conn.retransmitted:
             self._loss_reported.set()
-            now = trio.current_time()
-            self._pipe.on_path_loss(now, retransmitted - conn.retransmitted)
-            self._resends.on_resent(now, retransmitted - conn.retransmitted)
-            self._steady_loss.on_resent(now, retransmitted - conn.retransmitted)
+            now, resent = trio.current_time(), retransmitted - conn.retransmitted
+            self._pipe.on_path_loss(now, resent)
+            self._resends.on_resent(now, resent)
+            self._steady_loss.on_resent(now, resent)
             conn.retransmitted = retransmitted
             if not self._lossy_path.is_set() and self._steady_loss.lossy(now):
                 log.info("the path to the hub %s:%s loses segments after start-up (%.2f %% of "
