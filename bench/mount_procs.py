@@ -56,11 +56,12 @@ def hub_sent_bytes(running: Hub) -> float:
 
 
 @contextlib.contextmanager
-def spoke(hub_address: str, cache_dir: str, mountpoint: str, *options: str
-          ) -> Iterator[tuple[Spoke, float]]:
-    """``neuralcache mount`` with ``options``; yields the spoke and the seconds the command took
-    (launch to return). Unmounted, or if that fails killed, when the block ends."""
-    mounted = Spoke(Path(mountpoint), Path(cache_dir))
+def spoke(hub_address: str, cache_dir: str, mountpoint: str, *options: str,
+          tree: str | None = None) -> Iterator[tuple[Spoke, float]]:
+    """``neuralcache mount`` with ``options`` (from source ``tree`` if given); yields the spoke
+    and the seconds the command took (launch to return). Unmounted, or if that fails killed,
+    when the block ends."""
+    mounted = Spoke(Path(mountpoint), Path(cache_dir), tree=None if tree is None else Path(tree))
     try:
         started = time.perf_counter()
         mounted.mount(hub_address, *options)

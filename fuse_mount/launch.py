@@ -77,13 +77,16 @@ class Spoke:
     mountpoint: Path
     cache_dir: Path
     metrics_port: int = field(default_factory=free_port)
+    tree: Path | None = None  # run the daemon from this source tree (benches compare two)
 
     def mount(self, hub: str, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
+        tree = None if self.tree is None else str(self.tree)
+        env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
         result = subprocess.run(
             [*CLI, "mount", str(self.mountpoint), "--hub", hub, "--cache-dir", str(self.cache_dir),
              "--metrics-port", str(self.metrics_port), *extra],
-            capture_output=True, text=True, timeout=START_TIMEOUT + 30)
+            capture_output=True, text=True, timeout=START_TIMEOUT + 30, cwd=tree, env=env)
         if check and result.returncode != 0:
             raise RuntimeError(f"mount failed: {result.stderr}\n{self.log()}")
         return result
