@@ -1,0 +1,158 @@
+"""Source trees' warm spokes read side by side with the memfs ceiling, interleaved round by round.
+
+    python -m bench.throughput_ab --tree base=DIR --tree change=DIR [--rounds 5] [--size 256M]
+                                  [--random-reads 8192] [--mount-option OPT]... [--workdir DIR]
+
+Why: ``bench.throughput``'s ratios to memfs move with the hour by more than most changes to the
+read path move them (memfs alone ran 1650-2265 MB/s sequentially between runs of one day), so
+a change to the read path is judged by passes of each tree next to a memfs pass of the same
+minute, not by a figure set against one measured an hour before. Each tree is a directory
+holding the repository's packages (a ``git archive`` copy, or ``.``); its spoke daemon runs
+from it (``PYTHONPATH``), the hub from this tree (warm passes never ask it for data).
+
+Each tree's spoke first fills a cache of its own with one cold sequential pass. Then, per round
+and pattern (sequential, and random 16 KiB reads at the same offsets for every pass, as in
+``bench.throughput``): one memfs pass, then one warm pass of each tree, each on a fresh mount
+over its filled cache with the cache file in the page cache (``bench.throughput``'s "warm
+spoke, LMDB in page cache" row), the trees' order rotating from round to round. Every pass
+must return memfs's bytes, or the bench exits 1. Per tree and pattern it prints the MB/s as a
+share of the same round's memfs pass (median, min-max), the daemon's CPU per FUSE read (user +
+system, all threads: steadier than MB/s on shared cores) and in how many rounds the tree had
+the best share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import sys
+
+import numpy as np
+
+from bench import mount_procs, proc_cpu
+from bench.daemon_cpu import SEQUENTIAL_READ_BYTES
+from bench.read_pass import RANDOM, SEQUENTIAL, Pass
+from bench.read_pass import run as run_pass
+from bench.repro_ab import Figure, best_counts, rotation
+from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, MIN_CACHE_SIZE, make_dataset,
+                              random_offsets)
+from fuse_mount.cli import parse_size
+
+DEFAULT_SIZE = "256M"
+"""Small enough for a round of both patterns and two trees in about half a minute."""
+DEFAULT_RANDOM_READS = 8192
+DEFAULT_ROUNDS = 5
+PASS_TIMEOUT = 300.0
+_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+class WrongBytes(Exception):
+    """A pass returned bytes other than memfs's."""
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
+    parser = argparse.ArgumentParser(prog="python -m bench.throughput_ab",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--tree", action="append", required=True, metavar="NAME=DIR",
+                        help="a source tree to run the spoke daemon from (two or more)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    parser.add_argument("--size", type=parse_size, default=parse_size(DEFAULT_SIZE))
+    parser.add_argument("--random-reads", type=int, default=DEFAULT_RANDOM_READS)
+    parser.add_argument("--mount-option", action="append", default=[], metavar="OPT",
+                        help="extra argument for every spoke mount (repeatable)")
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
+    args = parser.parse_args(argv)
+    trees: dict[str, str] = {}
+    for spec in args.tree:
+        name, sep, path = spec.partition("=")
+        if (not sep or not _NAME.fullmatch(name)
+                or not os.path.isdir(os.path.join(path, "fuse_mount"))):
+            parser.error(f"--tree {spec!r}: expected NAME=DIR, DIR holding the repository's "
+                         "packages")
+        if name in trees:
+            parser.error(f"--tree {name!r} given twice")
+        trees[name] = os.path.abspath(path)
+    if len(trees) < 2 or args.rounds < 1:
+        parser.error("two or more trees and one or more rounds are needed")
+    return args, trees
+
+
+def _share(figures: list[Figure | None]) -> str:
+    values = [f.value * 100 for f in figures if f is not None]
+    return (f"{statistics.median(values):5.1f} % [{min(values):.1f}-{max(values):.1f}]"
+            if values else "-")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, trees = _parse(argv)
+    mount_procs.exit_on_sigterm()
+    workdir = os.path.abspath(args.workdir)
+    data = make_dataset(workdir, args.size)
+    scratch = os.path.join(workdir, f"ab-{os.getpid()}")
+    os.makedirs(scratch)
+    offsets = os.path.join(scratch, "offsets.npy")
+    np.save(offsets, random_offsets(args.size, args.random_reads))
+    options = ["--cache-size", str(max(MIN_CACHE_SIZE, 2 * args.size)), *args.mount_option]
+    reads = {SEQUENTIAL: max(1, args.size // SEQUENTIAL_READ_BYTES), RANDOM: args.random_reads}
+    mountpoint = os.path.join(scratch, "mnt")
+    shares: dict[tuple[str, str], list[Figure | None]] = {(n, p): [] for n in trees
+                                                          for p in reads}
+    cpu: dict[tuple[str, str], list[float]] = {(n, p): [] for n in trees for p in reads}
+
+    def spoke_pass(hub: mount_procs.Hub, name: str, pattern: str) -> tuple[Pass, float]:
+        """One pass through a fresh mount of tree ``name``; the daemon's CPU seconds in it."""
+        with mount_procs.spoke(hub.address, os.path.join(scratch, f"cache-{name}"), mountpoint,
+                               *options, tree=trees[name]) as (spoke, _):
+            pid = spoke.pid()
+            assert pid is not None
+            before = proc_cpu.cpu_seconds(pid)
+            result = run_pass(pattern, os.path.join(mountpoint, DATA_NAME),
+                              offsets if pattern == RANDOM else None, PASS_TIMEOUT)
+            return result, proc_cpu.cpu_seconds(pid) - before
+
+    print(f"{args.size / 1e6:.0f} MB file, {args.random_reads} random reads, "
+          f"{args.rounds} rounds; load average (1 min) at start {os.getloadavg()[0]:.1f}")
+    try:
+        with mount_procs.hub(os.path.dirname(data)) as hub:
+            for name in trees:
+                spoke_pass(hub, name, SEQUENTIAL)  # cold: fills the tree's cache
+            for round_index in range(args.rounds):
+                for pattern in reads:
+                    with mount_procs.memfs(data, mountpoint) as path:
+                        ceiling = run_pass(pattern, path, offsets if pattern == RANDOM else None,
+                                           PASS_TIMEOUT)
+                    line = [f"round {round_index + 1} {pattern:<10} memfs "
+                            f"{ceiling.mb_per_s:6.0f} MB/s"]
+                    for name in rotation(list(trees), round_index):
+                        result, seconds = spoke_pass(hub, name, pattern)
+                        if result.digest != ceiling.digest:
+                            raise WrongBytes(f"{name}: {pattern} pass read other bytes than memfs")
+                        shares[name, pattern].append(
+                            Figure(result.mb_per_s / ceiling.mb_per_s, at_least=True))
+                        cpu[name, pattern].append(seconds / reads[pattern] * 1e6)
+                        line.append(f"{name} {result.mb_per_s:6.0f} "
+                                    f"({result.mb_per_s / ceiling.mb_per_s:.1%})")
+                    print("  ".join(line), flush=True)
+    except WrongBytes as exc:
+        print(f"FAILED: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"load average (1 min) at end {os.getloadavg()[0]:.1f}; per read: sequential = per "
+          f"{SEQUENTIAL_READ_BYTES >> 20} MiB FUSE read, random = per 16 KiB read")
+    print(f"{'tree':<12}{'pattern':<12}{'x memfs: median [min-max]':>28}"
+          f"{'daemon CPU/read':>17}{'best in':>10}")
+    for pattern in reads:
+        won, rounds = best_counts({n: shares[n, pattern] for n in trees})
+        for name in trees:
+            print(f"{name:<12}{pattern:<12}{_share(shares[name, pattern]):>28}"
+                  f"{statistics.median(cpu[name, pattern]):>14.0f} us"
+                  f"{won[name]:>6} of {rounds}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
