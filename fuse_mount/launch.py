@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fuse_mount.scrape import sample, scrape
 
@@ -27,6 +28,14 @@ def free_port() -> int:
 
 def metric(port: int, name: str, **labels: str) -> float:
     return sample(scrape(port), name, **labels)
+
+
+def _from_tree(tree: Path | None) -> dict[str, Any]:
+    """``subprocess`` keywords that run the CLI from source ``tree`` (None: this interpreter's
+    own path): ``python -m`` puts the working directory first on the module path."""
+    if tree is None:
+        return {}
+    return {"cwd": str(tree), "env": {**os.environ, "PYTHONPATH": str(tree)}}
 
 
 def is_mounted(path: str) -> bool:
@@ -46,12 +55,10 @@ class Hub:
     tree: Path | None = None  # run the hub from this source tree (benches compare two)
 
     def start(self) -> "Hub":
-        tree = None if self.tree is None else str(self.tree)
-        env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
         self.proc = subprocess.Popen(
             [*CLI, "hub", "--export", str(self.export), "--listen", f"127.0.0.1:{self.port}",
              "--metrics-port", str(self.metrics_port)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tree, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, **_from_tree(self.tree))
         line = self.proc.stdout.readline()
         if "serving" not in line:
             self.stop()
@@ -81,12 +88,10 @@ class Spoke:
 
     def mount(self, hub: str, *extra: str, check: bool = True) -> subprocess.CompletedProcess:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
-        tree = None if self.tree is None else str(self.tree)
-        env = None if tree is None else {**os.environ, "PYTHONPATH": tree}
         result = subprocess.run(
             [*CLI, "mount", str(self.mountpoint), "--hub", hub, "--cache-dir", str(self.cache_dir),
              "--metrics-port", str(self.metrics_port), *extra],
-            capture_output=True, text=True, timeout=START_TIMEOUT + 30, cwd=tree, env=env)
+            capture_output=True, text=True, timeout=START_TIMEOUT + 30, **_from_tree(self.tree))
         if check and result.returncode != 0:
             raise RuntimeError(f"mount failed: {result.stderr}\n{self.log()}")
         return result
