@@ -264,24 +264,26 @@ class BlockStore:
             return None if data is None else (data, list(map(buffer_address, walked[0])))
 
     def read_run(self, file_id: int, version: int, first: int, count: int,
-                 addresses: list[int] | None = None) -> bytes | None:
+                 addresses: list[int] | None = None, length: int = VALUE_BYTES
+                 ) -> bytes | None:
         """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
         or None unless every one of them is stored and intact (``get_many`` then sorts out which).
 
         One read transaction and a cursor walk over the neighbouring keys in each table (heads,
         then tails), the values taken as views of LMDB's map and copied once, by the join: per
         block this costs a fraction of a ``get`` and a ``bytes`` copy (``python -m
-        bench.read_path_costs``). ``addresses``, where the heads lie if known, are handed to the
-        kernel first if any of their pages is not in RAM (``will_need``): the map is read without
-        readahead, so a walk over pages on disk would fault them in one at a time (sequential
-        16 KiB reads of a warm spoke whose cache file is on disk: 33 -> 346 MB/s,
+        bench.read_path_costs``). ``addresses``, where the heads lie if known (or, with
+        ``length``, one stretch of the map that holds them: ``residency.run_stretch``), are handed
+        to the kernel first if any of their pages is not in RAM (``will_need``): the map is read
+        without readahead, so a walk over pages on disk would fault them in one at a time
+        (sequential 16 KiB reads of a warm spoke whose cache file is on disk: 33 -> 346 MB/s,
         ``bench.throughput --quick``). Called from one thread at a time (the cache's reader
         thread), which ``_thread_probe`` is for.
         """
         if count <= 0:
             return b""
-        if addresses and not self._thread_probe.all_resident(addresses, VALUE_BYTES):
-            will_need(addresses, VALUE_BYTES)
+        if addresses and not self._thread_probe.all_resident(addresses, length):
+            will_need(addresses, length)
         with self.env.begin(buffers=True) as txn:
             walked = self._walk(txn, file_id, version, first, count)
             return None if walked is None else _join_verified(*walked)

@@ -101,6 +101,18 @@ def will_need(addresses: list[int], length: int) -> None:
         _madvise(start, end - start, mmap.MADV_WILLNEED)
 
 
+def run_stretch(first: int, last: int, count: int, length: int) -> tuple[int, int] | None:
+    """``(start, length)`` of the stretch of the map from the value at ``first`` to the end of
+    the one at ``last``, if ``count`` values of ``length`` bytes between them could lie there
+    side by side (a run's values written together do), as one span of ``_spans`` would hold
+    them; else None. A stretch is a guess at where the values between lie: good for advice
+    (``will_need``), not to decide that touching them cannot wait for the disk."""
+    low, high = min(first, last), max(first, last) + length
+    if high - low > count * (length + PAGE_SIZE) + _MERGE_GAP_BYTES:
+        return None
+    return low, high - low
+
+
 def _spans(addresses: list[int], length: int) -> list[tuple[int, int]]:
     """Page-aligned stretches ``[start, end)`` covering ``[address, address + length)`` for
     every address, as few as the gap rule allows: a run's values written together lie side by

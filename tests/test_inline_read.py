@@ -13,8 +13,8 @@ import trio
 
 from bench.mount_procs import drop_page_cache
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
-from fuse_mount.block_store import BlockKey, BlockStore
-from fuse_mount.residency import PAGE_SIZE, ResidencyProbe, buffer_address
+from fuse_mount.block_store import VALUE_BYTES, BlockKey, BlockStore
+from fuse_mount.residency import PAGE_SIZE, ResidencyProbe, buffer_address, run_stretch
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 
@@ -180,8 +180,21 @@ def test_runs_past_the_inline_limit_and_missing_blocks_go_to_the_thread(
         assert whole == b"".join(data[BlockKey(1, 1, b)] for b in range(blocks))
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
         assert len(cache._addresses) == blocks  # learnt, though the run was too long to inline
+        # Read again: its first and last places known, the run's stretch goes with it.
+        assert trio.run(cache.read_run, 1, 1, 0, blocks) == whole
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 2
     finally:
         cache.close()
+
+
+def test_a_runs_stretch_is_given_only_if_its_values_can_lie_together() -> None:
+    start, value = 1 << 30, VALUE_BYTES
+    assert run_stretch(start, start, 1, value) == (start, value)
+    side_by_side = (start, 3 * PAGE_SIZE + value)
+    assert run_stretch(start, start + 3 * PAGE_SIZE, 4, value) == side_by_side
+    assert run_stretch(start + 3 * PAGE_SIZE, start, 4, value) == side_by_side  # either order
+    assert run_stretch(start, start + 8 * PAGE_SIZE, 4, value) is not None  # a few pages between
+    assert run_stretch(start, start + 100 * PAGE_SIZE, 4, value) is None  # others' pages between
 
 
 def test_where_blocks_lie_is_known_again_after_a_remount(tmp_path: Path) -> None:
