@@ -180,8 +180,9 @@ class BlockCache:
 
         The warm read's fast path: one LMDB transaction and bookkeeping in bulk, on the event
         loop itself if the run is short and every page of it is in RAM (``read_run_resident``),
-        else in one trip to the reader thread (which, if the place in the map of a short run's
-        block or a long run's first or last is not known yet, also notes where its blocks lie).
+        else in one trip to the reader thread (which, for blocks whose place in the map is not
+        known yet, also notes where they lie; a long run whose first and last values lie close
+        is taken to be laid out together).
         None (often without leaving the loop) if the run's first or last block is not held, a
         block of it waits in memory for the writer, or any block is missing or damaged on disk:
         ``get_many`` then serves what there is, block by block, and drops what is damaged.
@@ -198,22 +199,22 @@ class BlockCache:
         data = None
         get = self._addresses.get
         length = VALUE_BYTES
-        if count <= self.inline_max_blocks:
+        stretch = None
+        if count > self.inline_max_blocks and None not in (ends := (get(keys[0]), get(keys[-1]))):
+            # Bound for the reader thread, where the values' places serve only to ask the kernel
+            # for pages not in RAM: if the first and last lie close enough for the values between
+            # to lie side by side (a run written together), their stretch tells that with two
+            # look-ups. One per block cost the daemon a tenth of a 1 MiB read's CPU time (646 ->
+            # 578 us, ``python -m bench.throughput_ab``).
+            stretch = run_stretch(*ends, count, VALUE_BYTES)
+        if stretch is not None:
+            located, addresses, length = True, [stretch[0]], stretch[1]
+        else:
             addresses = list(map(get, keys))
             located = None not in addresses
-            if located:
+            if located and count <= self.inline_max_blocks:
                 data = self.store.read_run_resident(file_id, version, first, count,
                                                     addresses, self._probe)
-        else:
-            # Bound for the reader thread, where the values' places serve only to ask the kernel
-            # for pages not in RAM: the stretch from the first value to the last tells that with
-            # two look-ups. One per block cost the daemon a tenth of a 1 MiB read's CPU time
-            # (646 -> 578 us, ``python -m bench.throughput_ab``).
-            ends = get(keys[0]), get(keys[-1])
-            located = None not in ends
-            stretch = run_stretch(*ends, count, VALUE_BYTES) if located else None
-            addresses = [] if stretch is None else [stretch[0]]
-            length = VALUE_BYTES if stretch is None else stretch[1]
         if data is not None:
             _INLINE_READS.inc()
         elif not located:
