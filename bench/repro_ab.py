@@ -99,6 +99,23 @@ def run_figures(results_path: str) -> tuple[dict[str, Figure], float]:
     return found, stolen
 
 
+def parse_trees(parser: argparse.ArgumentParser, specs: list[str], package: str
+                ) -> dict[str, str]:
+    """The ``--tree NAME=DIR`` options as {name: absolute DIR}, each DIR holding ``package``
+    (what the tool runs from it); a bad one ends the program through ``parser``."""
+    trees: dict[str, str] = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not _NAME.fullmatch(name) or not os.path.isdir(os.path.join(path, package)):
+            parser.error(f"--tree {spec!r}: expected NAME=DIR, NAME of letters, digits, '-', "
+                         "'_' or '.' (it names the run's files), DIR holding the repository's "
+                         "packages")
+        if name in trees:
+            parser.error(f"--tree {name!r} given twice")
+        trees[name] = os.path.abspath(path)
+    return trees
+
+
 def _format(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
@@ -118,16 +135,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, dict[str, str], list[st
                         help="where each run's results and log go")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR, help="bench.repro's --workdir")
     args = parser.parse_args(own)
-    trees: dict[str, str] = {}
-    for spec in args.tree:
-        name, sep, path = spec.partition("=")
-        if not sep or not _NAME.fullmatch(name) or not os.path.isdir(os.path.join(path, "bench")):
-            parser.error(f"--tree {spec!r}: expected NAME=DIR, NAME of letters, digits, '-', "
-                         "'_' or '.' (it names the run's files), DIR holding the repository's "
-                         "packages")
-        if name in trees:
-            parser.error(f"--tree {name!r} given twice")
-        trees[name] = os.path.abspath(path)
+    trees = parse_trees(parser, args.tree, "bench")
     if len(trees) < 2 or args.rounds < 1:
         parser.error("two or more trees and one or more rounds are needed")
     if clash := [a for a in repro_args if a.split("=")[0] in OWN_OPTIONS]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
 import sys
@@ -34,9 +33,9 @@ import numpy as np
 
 from bench import mount_procs
 from bench.daemon_cpu import SEQUENTIAL_READ_BYTES
-from bench.read_pass import RANDOM, SEQUENTIAL, Pass
+from bench.read_pass import RANDOM, READ_SIZE, SEQUENTIAL, Pass
 from bench.read_pass import run as run_pass
-from bench.repro_ab import Figure, best_counts, rotation
+from bench.repro_ab import Figure, best_counts, parse_trees, rotation
 from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, MIN_CACHE_SIZE, make_dataset,
                               random_offsets)
 from fuse_mount.cli import parse_size
@@ -46,7 +45,6 @@ DEFAULT_SIZE = "256M"
 DEFAULT_RANDOM_READS = 8192
 DEFAULT_ROUNDS = 5
 PASS_TIMEOUT = 300.0
-_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 def on_cpu_seconds(pid: int) -> float:
@@ -79,18 +77,11 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
                         help="extra argument for every spoke mount (repeatable)")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)
-    trees: dict[str, str] = {}
-    for spec in args.tree:
-        name, sep, path = spec.partition("=")
-        if (not sep or not _NAME.fullmatch(name)
-                or not os.path.isdir(os.path.join(path, "fuse_mount"))):
-            parser.error(f"--tree {spec!r}: expected NAME=DIR, DIR holding the repository's "
-                         "packages")
-        if name in trees:
-            parser.error(f"--tree {name!r} given twice")
-        trees[name] = os.path.abspath(path)
+    trees = parse_trees(parser, args.tree, "fuse_mount")
     if len(trees) < 2 or args.rounds < 1:
         parser.error("two or more trees and one or more rounds are needed")
+    if args.size % READ_SIZE:
+        parser.error("--size must be a multiple of 16 KiB")
     return args, trees
 
 

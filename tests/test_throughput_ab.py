@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
     (["--tree", "a=/nonexistent", "--tree", "b=."], "expected NAME=DIR"),
     (["--tree", "a/b=.", "--tree", "b=."], "expected NAME=DIR"),
     (["--tree", "a=.", "--tree", "b=.", "--rounds", "0"], "one or more rounds"),
+    (["--tree", "a=.", "--tree", "b=.", "--size", "1000"], "multiple of 16 KiB"),
 ])
 def test_bad_arguments_are_refused(argv: list[str], message: str,
                                    capsys: pytest.CaptureFixture[str]) -> None:
