@@ -180,9 +180,19 @@ def test_runs_past_the_inline_limit_and_missing_blocks_go_to_the_thread(
         assert whole == b"".join(data[BlockKey(1, 1, b)] for b in range(blocks))
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
         assert len(cache._addresses) == blocks  # learnt, though the run was too long to inline
-        # Read again: its first and last places known, the run's stretch goes with it.
+        # Its first and last values lie close: the thread gets their stretch, and the places
+        # of the blocks between are neither looked up nor learnt again.
+        keys = cache.keys.run(1, 1, 0, blocks)
+        middle = {k: cache._addresses.pop(k) for k in keys[1:-1]}
         assert trio.run(cache.read_run, 1, 1, 0, blocks) == whole
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 2
+        assert not any(k in cache._addresses for k in middle)
+        # Ends far apart (say, written at different times): every block's place is looked
+        # up, and the unknown ones learnt.
+        cache._addresses[keys[-1]] += 1 << 30
+        assert trio.run(cache.read_run, 1, 1, 0, blocks) == whole
+        assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 3
+        assert all(cache._addresses[k] == address for k, address in middle.items())
     finally:
         cache.close()
 
