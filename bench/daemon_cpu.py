@@ -22,13 +22,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 
 from bench import mount_procs, proc_cpu
 from bench.read_pass import MB, RANDOM, READ_SIZE, SEQUENTIAL
 from bench.read_pass import run as run_pass
-from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, MIN_CACHE_SIZE, make_dataset,
-                              random_offsets)
+from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, cache_size_for, make_dataset,
+                              scratch_with_offsets)
 from fuse_mount.cli import parse_size
 
 DEFAULT_SIZE = "256M"
@@ -64,6 +63,11 @@ class Usage:
     def __sub__(self, other: "Usage") -> "Usage":
         return Usage(self.cpu - other.cpu, self.voluntary - other.voluntary,
                      self.involuntary - other.involuntary)
+
+
+def reads_per_pass(size: int, random_reads: int) -> dict[str, int]:
+    """FUSE reads in a pass of each pattern over a ``size``-byte file, to give CPU per read."""
+    return {SEQUENTIAL: max(1, size // SEQUENTIAL_READ_BYTES), RANDOM: random_reads}
 
 
 def _memfs_pid(mountpoint: str) -> int:
@@ -113,13 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     mount_procs.exit_on_sigterm()
     workdir = os.path.abspath(args.workdir)
     data = make_dataset(workdir, args.size)
-    scratch = os.path.join(workdir, f"cpu-{os.getpid()}")
-    os.makedirs(scratch)
-    offsets = os.path.join(scratch, "offsets.npy")
-    np.save(offsets, random_offsets(args.size, args.random_reads))
+    scratch, offsets = scratch_with_offsets(workdir, "cpu", args.size, args.random_reads)
     cache, mountpoint = os.path.join(scratch, "cache"), os.path.join(scratch, "mnt")
-    spoke_options = ["--cache-size", str(max(MIN_CACHE_SIZE, 2 * args.size)), *args.mount_option]
-    reads = {SEQUENTIAL: max(1, args.size // SEQUENTIAL_READ_BYTES), RANDOM: args.random_reads}
+    spoke_options = ["--cache-size", str(cache_size_for(args.size)), *args.mount_option]
+    reads = reads_per_pass(args.size, args.random_reads)
     print(f"load average (1 min) at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"per read: sequential = per 1 MiB FUSE read, random = per 16 KiB read")
     print(f"{'target':<7}{'pattern':<12}{'speed':>13}{'daemon CPU':>14}{'CPU':>16}"

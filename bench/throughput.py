@@ -76,6 +76,21 @@ def random_offsets(size: int, count: int) -> np.ndarray:
     return np.random.default_rng(SEED + 1).permutation(slots)[:count] * READ_SIZE
 
 
+def cache_size_for(size: int) -> int:
+    """The spoke's ``--cache-size`` over a ``size``-byte dataset (``MIN_CACHE_SIZE``)."""
+    return max(MIN_CACHE_SIZE, 2 * size)
+
+
+def scratch_with_offsets(workdir: str, prefix: str, size: int, count: int) -> tuple[str, str]:
+    """A new scratch directory ``WORKDIR/PREFIX-PID`` (the caller removes it) and in it the
+    ``random_offsets`` of a ``size``-byte file, saved for ``bench.read_pass``: both paths."""
+    scratch = os.path.join(workdir, f"{prefix}-{os.getpid()}")
+    os.makedirs(scratch)
+    offsets = os.path.join(scratch, "offsets.npy")
+    np.save(offsets, random_offsets(size, count))
+    return scratch, offsets
+
+
 def make_dataset(workdir: str, size: int) -> str:
     """``WORKDIR/export-SIZE/data.bin`` of random bytes, made once and reused."""
     path = os.path.join(workdir, f"export-{size}", DATA_NAME)
@@ -258,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     data = make_dataset(workdir, size)
     scratch = os.path.join(workdir, f"run-{os.getpid()}")
     os.makedirs(scratch)
-    bench = Bench(data, random_offsets(size, reads), scratch, max(MIN_CACHE_SIZE, 2 * size),
+    bench = Bench(data, random_offsets(size, reads), scratch, cache_size_for(size),
                   args.mount_option, args.pass_timeout)
     print(f"file {size / MB:.0f} MB; sequential: {size // READ_SIZE} reads of 16 KiB; "
           f"random: {reads} reads of 16 KiB; {rounds} round(s); mount options: "

@@ -29,15 +29,13 @@ import shutil
 import statistics
 import sys
 
-import numpy as np
-
 from bench import mount_procs
-from bench.daemon_cpu import SEQUENTIAL_READ_BYTES
+from bench.daemon_cpu import SEQUENTIAL_READ_BYTES, reads_per_pass
 from bench.read_pass import RANDOM, READ_SIZE, SEQUENTIAL, Pass, PassFailed
 from bench.read_pass import run as run_pass
 from bench.repro_ab import Figure, best_counts, parse_trees, rotation
-from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, MIN_CACHE_SIZE, make_dataset,
-                              random_offsets)
+from bench.throughput import (DATA_NAME, DEFAULT_WORKDIR, cache_size_for, make_dataset,
+                              scratch_with_offsets)
 from fuse_mount.cli import parse_size
 
 DEFAULT_SIZE = "256M"
@@ -96,12 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     mount_procs.exit_on_sigterm()
     workdir = os.path.abspath(args.workdir)
     data = make_dataset(workdir, args.size)
-    scratch = os.path.join(workdir, f"ab-{os.getpid()}")
-    os.makedirs(scratch)
-    offsets = os.path.join(scratch, "offsets.npy")
-    np.save(offsets, random_offsets(args.size, args.random_reads))
-    options = ["--cache-size", str(max(MIN_CACHE_SIZE, 2 * args.size)), *args.mount_option]
-    reads = {SEQUENTIAL: max(1, args.size // SEQUENTIAL_READ_BYTES), RANDOM: args.random_reads}
+    scratch, offsets = scratch_with_offsets(workdir, "ab", args.size, args.random_reads)
+    options = ["--cache-size", str(cache_size_for(args.size)), *args.mount_option]
+    reads = reads_per_pass(args.size, args.random_reads)
     mountpoint = os.path.join(scratch, "mnt")
     shares: dict[tuple[str, str], list[Figure | None]] = {(n, p): [] for n in trees
                                                           for p in reads}
