@@ -22,7 +22,9 @@ MERGE_GAP_PAGES = 4
 too: a syscall costs more here than a few more bytes of result, and a gap page that is not
 resident only sends the read the slow, always-correct way."""
 MAX_CHECK_PAGES = 4096
-"""Pages one call may ask about (16 MiB): the result vector is sized for this once."""
+"""Pages one ``mincore`` call asks about (16 MiB): the result vector is sized for this once, and
+a longer stretch is asked about in pieces of this size."""
+_MAX_CHECK_BYTES = MAX_CHECK_PAGES * PAGE_SIZE
 _MERGE_GAP_BYTES = MERGE_GAP_PAGES * PAGE_SIZE
 _RESIDENT_BIT = 1  # mincore sets the lowest bit of a page's byte if the page is resident
 _LOW_BIT = bytes(b & _RESIDENT_BIT for b in range(256))  # translate table: byte -> its low bit
@@ -85,11 +87,21 @@ class ResidencyProbe:
         return True
 
     def _span_resident(self, start: int, end: int) -> bool:
-        """``start`` page-aligned; every page of ``[start, end)`` resident?"""
-        pages = (end - start + PAGE_SIZE - 1) // PAGE_SIZE
-        if pages > MAX_CHECK_PAGES or _mincore(start, end - start, self._vector) != 0:
-            return False  # too long to ask about, or e.g. ENOMEM (unmapped): do not guess
-        return ctypes.string_at(self._vector, pages).translate(_LOW_BIT).find(0) < 0
+        """``start`` page-aligned; every page of ``[start, end)`` resident?
+
+        Asked in pieces of ``MAX_CHECK_PAGES``: a prefetch window's cached blocks reach 64 MiB
+        at a time (``PrefetchPump._page_in``), and answering False for any stretch that long
+        had each window's pages "read" from the disk again on a warm mount, in the reader
+        thread the warm reads wait for.
+        """
+        for piece in range(start, end, _MAX_CHECK_BYTES):
+            length = min(end - piece, _MAX_CHECK_BYTES)
+            if _mincore(piece, length, self._vector) != 0:
+                return False  # e.g. ENOMEM (unmapped): do not guess
+            pages = (length + PAGE_SIZE - 1) // PAGE_SIZE
+            if ctypes.string_at(self._vector, pages).translate(_LOW_BIT).find(0) >= 0:
+                return False
+        return True
 
 
 def will_need(addresses: list[int], length: int) -> None:

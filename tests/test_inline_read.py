@@ -14,7 +14,8 @@ import trio
 from bench.mount_procs import drop_page_cache
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
 from fuse_mount.block_store import VALUE_BYTES, BlockKey, BlockStore
-from fuse_mount.residency import PAGE_SIZE, ResidencyProbe, buffer_address, run_stretch
+from fuse_mount.residency import (MAX_CHECK_PAGES, PAGE_SIZE, ResidencyProbe, buffer_address,
+                                  run_stretch)
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 
@@ -44,6 +45,22 @@ def test_a_buffer_in_memory_is_resident() -> None:
     assert probe.all_resident([start, start + PAGE_SIZE + 1], 2 * PAGE_SIZE)
     assert probe.all_resident([start + 3 * PAGE_SIZE, start], 5)  # apart and out of order
     assert probe.all_resident([], PAGE_SIZE)
+
+
+def test_a_stretch_longer_than_one_check_is_asked_about_in_pieces() -> None:
+    """A prefetch window's cached blocks may span more than one ``mincore`` call covers: its
+    pages are resident if all are, and a page missing past the first piece is seen."""
+    pages = MAX_CHECK_PAGES + 8
+    with mmap.mmap(-1, pages * PAGE_SIZE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as mm:
+        for i in range(pages):
+            mm[i * PAGE_SIZE] = 1  # private anonymous memory is resident once written
+        with memoryview(mm) as view:
+            start = buffer_address(view)
+        probe = ResidencyProbe()
+        assert probe.all_resident([start], pages * PAGE_SIZE)
+        mm.madvise(mmap.MADV_DONTNEED, (MAX_CHECK_PAGES + 3) * PAGE_SIZE, PAGE_SIZE)  # freed
+        assert not probe.all_resident([start], pages * PAGE_SIZE)
+        assert probe.all_resident([start], (MAX_CHECK_PAGES + 3) * PAGE_SIZE)
 
 
 def test_the_address_is_the_buffers_own() -> None:
