@@ -288,10 +288,10 @@ class PrefetchPump:
             entry = self._namespace.file(file_id)
             if entry is not None:
                 runs.append((file_id, entry.version, first, stop))
-        addresses = self._cache.pages_to_read(runs)
-        if addresses:
+        wanted = self._cache.pages_to_read(runs)
+        if wanted is not None:
             assert self._nursery is not None
-            self._nursery.start_soon(self._cache.page_in, addresses)
+            self._nursery.start_soon(self._cache.page_in, wanted)
 
     def _fetched(self, request: PrefetchRequest, ok: bool) -> None:
         """A prefetch is done (called by the fetcher): report it to the prefetcher."""

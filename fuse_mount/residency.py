@@ -12,8 +12,10 @@ in the reader thread, not on every read.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import mmap
 import os
+from typing import Iterable
 
 PAGE_SIZE = mmap.PAGESIZE
 _PAGE_MASK = ~(PAGE_SIZE - 1)
@@ -81,7 +83,11 @@ class ResidencyProbe:
         """True if every page of ``[address, address + length)`` for every address is in RAM
         now, so touching them cannot wait for the disk. False if any is not, or if the kernel
         does not say (the caller then takes the path that may wait)."""
-        for start, end in _spans(addresses, length):
+        return self.spans_resident(_spans(addresses, length))
+
+    def spans_resident(self, spans: list[tuple[int, int]]) -> bool:
+        """``all_resident`` over page-aligned spans ``[start, end)`` (``merged_spans``)."""
+        for start, end in spans:
             if not self._span_resident(start, end):
                 return False
         return True
@@ -109,7 +115,12 @@ def will_need(addresses: list[int], length: int) -> None:
     address (``madvise(MADV_WILLNEED)``), so that a run's pages come from the disk together
     rather than one fault at a time; over the same stretches ``all_resident`` checks. Advice
     only: a failure is ignored."""
-    for start, end in _spans(addresses, length):
+    will_need_spans(_spans(addresses, length))
+
+
+def will_need_spans(spans: list[tuple[int, int]]) -> None:
+    """``will_need`` over page-aligned spans ``[start, end)`` (``merged_spans``)."""
+    for start, end in spans:
         _madvise(start, end - start, mmap.MADV_WILLNEED)
 
 
@@ -135,18 +146,21 @@ def _spans(addresses: list[int], length: int) -> list[tuple[int, int]]:
     low, high = min(addresses), max(addresses) + length
     if high - low <= len(addresses) * (length + PAGE_SIZE) + _MERGE_GAP_BYTES:
         return [(low & _PAGE_MASK, high)]
+    return merged_spans(zip(addresses, itertools.repeat(length)))
+
+
+def merged_spans(stretches: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Page-aligned spans ``[start, end)``, in address order, covering every stretch ``(start,
+    length)`` of the map; stretches at most ``MERGE_GAP_PAGES`` apart share one."""
     spans: list[tuple[int, int]] = []
-    run_start = run_end = -1
-    for start in sorted(addresses):
+    for start, length in sorted(stretches):
         end = start + length
         start &= _PAGE_MASK
-        if start <= run_end + _MERGE_GAP_BYTES:
-            run_end = max(run_end, end)
-            continue
-        if run_start >= 0:
-            spans.append((run_start, run_end))
-        run_start, run_end = start, end
-    spans.append((run_start, run_end))
+        if spans and start <= spans[-1][1] + _MERGE_GAP_BYTES:
+            if end > spans[-1][1]:
+                spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
     return spans
 
 

@@ -460,13 +460,13 @@ def test_page_in_reads_a_runs_values_into_ram_ahead_of_its_reads(tmp_path: Path)
     paged = metric("neuralcache_cache_page_in_blocks_total")
     try:
         wanted = cache.pages_to_read([(1, 1, 256, 768), (1, 2, 0, 10), (7, 1, 0, 10)])
-        assert len(wanted) == 512  # the held blocks' values only
+        assert wanted is not None and wanted.blocks == 512  # the held blocks' values only
         run(cache.page_in, wanted)
         assert metric("neuralcache_cache_page_in_blocks_total") == paged + 512
         assert wait_resident(data_file)  # the kernel reads them in the background
         deadline = time.monotonic() + 10
         # Once the kernel has read them all in, they are not asked for again.
-        while cache.pages_to_read([(1, 1, 256, 768)]):
+        while cache.pages_to_read([(1, 1, 256, 768)]) is not None:
             assert time.monotonic() < deadline, "the pages never all came in"
             time.sleep(0.05)
 

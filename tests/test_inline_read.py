@@ -15,7 +15,7 @@ from bench.mount_procs import drop_page_cache
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
 from fuse_mount.block_store import VALUE_BYTES, BlockKey, BlockStore
 from fuse_mount.residency import (MAX_CHECK_PAGES, PAGE_SIZE, ResidencyProbe, buffer_address,
-                                  run_stretch)
+                                  merged_spans, run_stretch)
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 
@@ -222,6 +222,54 @@ def test_a_runs_stretch_is_given_only_if_its_values_can_lie_together() -> None:
     assert run_stretch(start + 3 * PAGE_SIZE, start, 4, value) == side_by_side  # either order
     assert run_stretch(start, start + 8 * PAGE_SIZE, 4, value) is not None  # a few pages between
     assert run_stretch(start, start + 100 * PAGE_SIZE, 4, value) is None  # others' pages between
+
+
+def test_stretches_share_a_span_where_close() -> None:
+    page = PAGE_SIZE
+    assert merged_spans([]) == []
+    # Out of order; the first three at most MERGE_GAP_PAGES apart, the last further.
+    stretches = [(20 * page, 10), (2 * page + 16, 100), (3 * page, page), (6 * page, 10)]
+    assert merged_spans(stretches) == [(2 * page, 6 * page + 10), (20 * page, 20 * page + 10)]
+
+
+class _AlwaysOut(ResidencyProbe):
+    """Says no page is in RAM, and keeps the spans it was asked about."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[tuple[int, int]]] = []
+
+    def spans_resident(self, spans: list[tuple[int, int]]) -> bool:
+        self.asked.append(spans)
+        return False
+
+
+def test_a_windows_runs_are_checked_by_their_ends_if_close(tmp_path: Path) -> None:
+    blocks = 128
+    _filled_store(tmp_path, blocks)
+    cache = BlockCache(BlockStore(str(tmp_path), 4 * blocks * BLOCK_SIZE),
+                       4 * blocks * BLOCK_SIZE)
+    window = [(1, 1, 0, blocks)]
+    try:
+        assert trio.run(cache.read_run, 1, 1, 0, blocks) is not None  # learns where they lie
+        assert cache.pages_to_read(window) is None  # just read: in RAM
+        keys = cache.keys.run(1, 1, 0, blocks)
+        first, last = cache._addresses[keys[0]], cache._addresses[keys[-1]]
+        cache._probe = _AlwaysOut()
+        # The ends lie close: their stretch stands for the run, the places between unasked.
+        middle = {k: cache._addresses.pop(k) for k in keys[1:-1]}
+        wanted = cache.pages_to_read(window)
+        assert wanted is not None and wanted.blocks == blocks
+        assert wanted.spans == [(first & ~(PAGE_SIZE - 1), last + VALUE_BYTES)]
+        # Ends far apart: each known place is asked about, and counted.
+        cache._addresses[keys[-1]] = last + (1 << 30)
+        wanted = cache.pages_to_read(window)
+        assert wanted is not None and wanted.blocks == 2 and len(wanted.spans) == 2
+        cache._addresses.update(middle)
+        wanted = cache.pages_to_read(window)
+        assert wanted is not None and wanted.blocks == blocks and len(wanted.spans) == 2
+    finally:
+        cache.close()
 
 
 def test_where_blocks_lie_is_known_again_after_a_remount(tmp_path: Path) -> None:
