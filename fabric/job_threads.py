@@ -1,7 +1,8 @@
 """Long-lived threads that run blocking reads for a trio event loop, so the loop never waits
 on the disk: the spoke's LMDB reads (one thread: ``BlockCache.read_run``; reads whose pages are
-in RAM the loop may do itself) and the hub's reads of its export (a few threads, so several
-disk reads are in progress at once).
+in RAM the loop may do itself), its requests for pages ahead of them (another:
+``BlockCache.page_in``) and the hub's reads of its export (a few threads, so several disk reads
+are in progress at once).
 
 A read of a few blocks is mostly the hand-off to a thread and back, which ``JobThreads`` keeps
 as cheap as it gets on Linux.

@@ -81,6 +81,11 @@ class BlockCache:
         self._on_dropped: Callable[[BlockKey], None] | None = None
         self._protected: Callable[[BlockKey], bool] | None = None
         self._reader = JobThreads()
+        self._pager = JobThreads(follow_loop_cpu=False, name="neuralcache-page-in")
+        """Runs ``page_in``'s advice, apart from the reader thread: asking the kernel for a
+        window's pages of a cache file on disk takes it tens of ms per 64 MiB (allocating the
+        pages and queueing their reads), which the reads waiting behind it in the reader thread
+        would wait for too."""
         self._probe = ResidencyProbe()  # used on the event loop only
         self._addresses: dict[int, int] = {}
         """Where each block's value lay in LMDB's map when it was last written or read in the
@@ -282,9 +287,9 @@ class BlockCache:
         """Have the kernel read these values (``pages_to_read``) from the disk into RAM, so
         that their reads, when they come, are served on the event loop (a warm read whose pages
         are on disk waits for them in the reader thread). Advice: the call returns once the
-        reads are started (``madvise(MADV_WILLNEED)``, in the reader thread, as starting them
+        reads are started (``madvise(MADV_WILLNEED)``, in a thread of its own, as starting them
         may wait for the disk's queue)."""
-        await self._reader.run(will_need_spans, wanted.spans)
+        await self._pager.run(will_need_spans, wanted.spans)
         metrics.CACHE_PAGE_IN_BLOCKS.inc(wanted.blocks)
 
     def _learn_addresses(self, keys: range, addresses: list[int]) -> None:
@@ -430,4 +435,5 @@ class BlockCache:
     def close(self) -> None:
         self.writer.close()
         self._reader.close()
+        self._pager.close()
         self.store.close()
