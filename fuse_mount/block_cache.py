@@ -384,7 +384,11 @@ class BlockCache:
             self._work = trio.Event()
             return
         self._writing = batch
-        puts = {k: v for k, v in batch.items() if v is not _DELETED}
+        # Puts in key order: LMDB gives each head its page as it is put, so the blocks of one
+        # file in a batch lie in the cache file side by side in block order, not in the order
+        # their fetches landed (interleaved); a later warm read of them from the disk, or a
+        # page-in, then asks for a few long stretches rather than many short ones.
+        puts = {k: batch[k] for k in sorted(batch) if batch[k] is not _DELETED}
         deletes = [k for k, v in batch.items() if v is _DELETED]
         stale = [k for k in self._stale if k not in batch]
         deletes += stale
