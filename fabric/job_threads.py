@@ -11,6 +11,7 @@ as cheap as it gets on Linux.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import queue
 import threading
@@ -20,6 +21,8 @@ import outcome
 import trio
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 def _refuse_abort(raise_cancel: Any) -> trio.lowlevel.Abort:
@@ -60,16 +63,25 @@ class JobThreads:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in one of the threads; not cancellable once queued (it is short)."""
-        if not self._threads:
-            self._threads = [threading.Thread(target=self._serve, name=self._name, daemon=True)
-                             for _ in range(self._count)]
-            for thread in self._threads:
-                thread.start()
+        self._start()
         if self._follow:
             self._follow_loop_cpu()
         self._jobs.put((fn, args, trio.lowlevel.current_task(),
                         trio.lowlevel.current_trio_token()))
         return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """``fn(*args)`` in one of the threads, with no one waiting for it (advice to the
+        kernel, whose result nobody needs); an exception it raises is logged."""
+        self._start()
+        self._jobs.put((fn, args, None, None))
+
+    def _start(self) -> None:
+        if not self._threads:
+            self._threads = [threading.Thread(target=self._serve, name=self._name, daemon=True)
+                             for _ in range(self._count)]
+            for thread in self._threads:
+                thread.start()
 
     def _follow_loop_cpu(self) -> None:
         """Bind the thread to the CPU the caller runs on now (again if the caller moved)."""
@@ -95,6 +107,12 @@ class JobThreads:
             pass  # not allowed here: the thread still works, with more switches
         while (job := self._jobs.get()) is not None:
             fn, args, task, token = job
+            if task is None:
+                try:
+                    fn(*args)
+                except Exception:
+                    log.exception("a posted job (%s) failed", getattr(fn, "__name__", fn))
+                continue
             token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.capture(fn, *args))
 
     def close(self) -> None:

@@ -41,6 +41,9 @@ INLINE_MAX_BLOCKS = 64
 mostly LMDB and hashing, part of which py-lmdb runs with the GIL released, so in the thread
 it overlaps the loop's next FUSE request: served inline, sequential reads measured slower
 (``bench.throughput --quick``: 739-749 MB/s inline against 1024-1096 through the thread)."""
+READ_AHEAD_BLOCKS = 2048
+"""Blocks after a warm run read from the disk that are asked for with it (8 MiB, a disk's usual
+readahead), when the reader looks to be going forward (``BlockCache._read_ahead``)."""
 _INLINE_READS = metrics.CACHE_RUN_READS.labels(metrics.PATH_INLINE)
 _THREAD_READS = metrics.CACHE_RUN_READS.labels(metrics.PATH_THREAD)
 
@@ -242,6 +245,7 @@ class BlockCache:
                 self._learn_addresses(keys, addresses)
         else:
             _THREAD_READS.inc()
+            self._read_ahead(file_id, version, first, count, keys, addresses[0])
             data = await self._reader.run(self.store.read_run, file_id, version, first, count,
                                           addresses, length)
         if data is not None:
@@ -249,6 +253,29 @@ class BlockCache:
             # meanwhile: keys name one version, and every checksum was verified.
             self._touch(keys)
         return data
+
+    def _read_ahead(self, file_id: int, version: int, first: int, count: int, keys: range,
+                    address: int) -> None:
+        """If the run's first value (at ``address``) is on the disk, not in RAM, while the block
+        before it is in RAM (or the run starts the file), have the page-in thread ask the
+        kernel for the run and the ``READ_AHEAD_BLOCKS`` after it at once: a reader going
+        forward through a cache file on disk, as the kernel's own readahead would see it (it
+        does not here: LMDB maps the file for random access). The prefetcher's windows do the
+        same once they have grown; this covers a reader's first reads, and readers nothing
+        predicts. A random reader's block before is seldom in RAM; one check of one page each
+        (``mincore``), and only for reads that go to the reader thread."""
+        probe = self._probe
+        if probe.all_resident([address], 1):
+            return
+        if first > 0:
+            before = self._addresses.get(keys[0] - 1)
+            if before is None or not probe.all_resident([before], 1):
+                return
+        wanted = self.pages_to_read([(file_id, version, first,
+                                      first + count + READ_AHEAD_BLOCKS)])
+        if wanted is not None:
+            self._pager.post(will_need_spans, wanted.spans)
+            metrics.CACHE_PAGE_IN_BLOCKS.inc(wanted.blocks)
 
     def pages_to_read(self, runs: Iterable[tuple[int, int, int, int]]) -> PageIn | None:
         """Where the values of these runs ``(file, version, first, stop)`` lie, if any of their

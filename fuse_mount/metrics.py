@@ -42,7 +42,8 @@ CACHE_BLOCKS = Gauge("neuralcache_cache_blocks", "Blocks held in the cache.")
 CACHE_PAGE_IN_BLOCKS = Counter(
     "neuralcache_cache_page_in_blocks_total",
     "Cached blocks whose pages were asked from the disk ahead of their reads, because a "
-    "prefetch window reached them while not all were in RAM.")
+    "prefetch window reached them, or a read going forward came just before them, while not "
+    "all were in RAM.")
 CACHE_EVICTIONS = Counter("neuralcache_cache_evictions_total", "Blocks evicted from the cache.")
 CACHE_CORRUPT_BLOCKS = Counter(
     "neuralcache_cache_corrupt_blocks_total",

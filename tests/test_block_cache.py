@@ -447,6 +447,37 @@ def wait_resident(path: Path, nbytes: int = 512 * BLOCK_SIZE, timeout: float = 1
     return True
 
 
+def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_read_too(
+        tmp_path: Path) -> None:
+    keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
+    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+    fill(cache, keys)
+    cache.close()
+    data_file = tmp_path / "data.mdb"
+    drop_page_cache(data_file)
+    if file_resident_bytes(data_file) > 1024 * 1024:
+        pytest.skip("this filesystem keeps the file in the page cache")
+    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+    paged = metric("neuralcache_cache_page_in_blocks_total")
+
+    def expected(first: int, count: int) -> bytes:
+        return b"".join(block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:first + count])
+    try:
+        # The block before is on the disk too: a random reader, nothing more is asked for.
+        assert run(cache.read_run, 1, 1, 500, 4) == expected(500, 4)
+        assert metric("neuralcache_cache_page_in_blocks_total") == paged
+        # The next read: its block before is in RAM now, so it and the (up to 2048) held
+        # blocks after it are asked for.
+        assert run(cache.read_run, 1, 1, 504, 4) == expected(504, 4)
+        assert metric("neuralcache_cache_page_in_blocks_total") == paged + len(keys) - 504
+        assert wait_resident(data_file, 500 * BLOCK_SIZE)  # read in the page-in thread
+        inline = metric("neuralcache_cache_run_reads_total", {"path": "inline"})
+        assert run(cache.read_run, 1, 1, 800, 32) == expected(800, 32)
+        assert metric("neuralcache_cache_run_reads_total", {"path": "inline"}) == inline + 1
+    finally:
+        cache.close()
+
+
 def test_page_in_reads_a_runs_values_into_ram_ahead_of_its_reads(tmp_path: Path) -> None:
     keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
     cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)

@@ -1,5 +1,5 @@
 """JobThreads: results and errors come back to the loop, several threads work in parallel,
-and close stops them."""
+a posted job runs with no one waiting, and close stops them."""
 
 import threading
 
@@ -49,6 +49,22 @@ def test_several_threads_run_their_jobs_at_once() -> None:
     assert named("test-pool") == 3
     pool.close()
     assert named("test-pool") == 0
+
+
+def test_a_posted_job_runs_with_no_one_waiting_and_its_error_is_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    pager = JobThreads(follow_loop_cpu=False, name="test-post")
+    done = threading.Event()
+
+    def fail() -> None:
+        raise ValueError("advice refused")
+    pager.post(fail)
+    pager.post(done.set)  # runs after the failed one: the thread goes on
+    assert done.wait(10)
+    pager.close()
+    assert named("test-post") == 0
+    assert any("posted job (fail) failed" in r.getMessage() and r.exc_info
+               for r in caplog.records)
 
 
 def test_only_a_single_thread_follows_the_loops_cpu() -> None:
