@@ -447,17 +447,23 @@ def wait_resident(path: Path, nbytes: int = 512 * BLOCK_SIZE, timeout: float = 1
     return True
 
 
-def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_read_too(
-        tmp_path: Path) -> None:
-    keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
-    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+def reopened_on_disk(path: Path, keys: list[BlockKey]) -> tuple[BlockCache, Path]:
+    """A cache holding ``keys``, closed, its file evicted from the page cache, and opened again
+    (skips the test where the filesystem keeps the file in RAM); and the cache file."""
+    cache = open_cache(path, 4 * len(keys) * BLOCK_SIZE)
     fill(cache, keys)
     cache.close()
-    data_file = tmp_path / "data.mdb"
+    data_file = path / "data.mdb"
     drop_page_cache(data_file)
     if file_resident_bytes(data_file) > 1024 * 1024:
         pytest.skip("this filesystem keeps the file in the page cache")
-    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+    return open_cache(path, 4 * len(keys) * BLOCK_SIZE), data_file
+
+
+def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_read_too(
+        tmp_path: Path) -> None:
+    keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
+    cache, data_file = reopened_on_disk(tmp_path, keys)
     paged = metric("neuralcache_cache_page_in_blocks_total")
 
     def expected(first: int, count: int) -> bytes:
@@ -480,14 +486,7 @@ def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_re
 
 def test_page_in_reads_a_runs_values_into_ram_ahead_of_its_reads(tmp_path: Path) -> None:
     keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
-    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
-    fill(cache, keys)
-    cache.close()
-    data_file = tmp_path / "data.mdb"
-    drop_page_cache(data_file)
-    if file_resident_bytes(data_file) > 1024 * 1024:
-        pytest.skip("this filesystem keeps the file in the page cache")
-    cache = open_cache(tmp_path, 4 * len(keys) * BLOCK_SIZE)
+    cache, data_file = reopened_on_disk(tmp_path, keys)
     paged = metric("neuralcache_cache_page_in_blocks_total")
     try:
         wanted = cache.pages_to_read([(1, 1, 256, 768), (1, 2, 0, 10), (7, 1, 0, 10)])
