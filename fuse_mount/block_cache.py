@@ -43,7 +43,11 @@ it overlaps the loop's next FUSE request: served inline, sequential reads measur
 (``bench.throughput --quick``: 739-749 MB/s inline against 1024-1096 through the thread)."""
 READ_AHEAD_BLOCKS = 2048
 """Blocks after a warm run read from the disk that are asked for with it (8 MiB, a disk's usual
-readahead), when the reader looks to be going forward (``BlockCache._read_ahead``)."""
+readahead), when the run continues a recent one (``BlockCache._read_ahead``)."""
+RECENT_READS = 64
+"""Runs whose ends ``read_run`` remembers, to tell a run that continues one: several workers of a
+data loader read a file's consecutive batches in turns. A random reader's run starts at one of
+them by chance only (64 of a file's blocks)."""
 _INLINE_READS = metrics.CACHE_RUN_READS.labels(metrics.PATH_INLINE)
 _THREAD_READS = metrics.CACHE_RUN_READS.labels(metrics.PATH_THREAD)
 
@@ -90,6 +94,8 @@ class BlockCache:
         pages and queueing their reads), which the reads waiting behind it in the reader thread
         would wait for too."""
         self._probe = ResidencyProbe()  # used on the event loop only
+        self._recent_ends: dict[int, bool] = {}
+        """Keys just past the last ``RECENT_READS`` runs read, oldest first (``read_run``)."""
         self._addresses: dict[int, int] = {}
         """Where each block's value lay in LMDB's map when it was last written or read in the
         reader thread, for the residency check of inline reads; forgotten at any later change
@@ -206,6 +212,7 @@ class BlockCache:
         if count <= 0:
             return b""
         keys = self.keys.run(file_id, version, first, count)
+        follows = self._continues(keys)
         holds = self.policy.holds
         if not (holds(keys[0]) and holds(keys[-1])):
             return None
@@ -245,7 +252,8 @@ class BlockCache:
                 self._learn_addresses(keys, addresses)
         else:
             _THREAD_READS.inc()
-            self._read_ahead(file_id, version, first, count, keys, addresses[0])
+            if follows:
+                self._read_ahead(file_id, version, first, count, addresses[0])
             data = await self._reader.run(self.store.read_run, file_id, version, first, count,
                                           addresses, length)
         if data is not None:
@@ -254,23 +262,26 @@ class BlockCache:
             self._touch(keys)
         return data
 
-    def _read_ahead(self, file_id: int, version: int, first: int, count: int, keys: range,
+    def _continues(self, keys: range) -> bool:
+        """Does this run start where one of the last ``RECENT_READS`` ended (a reader going
+        forward, maybe as several workers taking turns)? Remembers where it ends."""
+        ends = self._recent_ends
+        follows = ends.pop(keys[0], False)
+        ends[keys[-1] + 1] = True
+        if len(ends) > RECENT_READS:
+            del ends[next(iter(ends))]
+        return follows
+
+    def _read_ahead(self, file_id: int, version: int, first: int, count: int,
                     address: int) -> None:
-        """If the run's first value (at ``address``) is on the disk, not in RAM, while the block
-        before it is in RAM (or the run starts the file), have the page-in thread ask the
-        kernel for the run and the ``READ_AHEAD_BLOCKS`` after it at once: a reader going
-        forward through a cache file on disk, as the kernel's own readahead would see it (it
-        does not here: LMDB maps the file for random access). The prefetcher's windows do the
-        same once they have grown; this covers a reader's first reads, and readers nothing
-        predicts. A random reader's block before is seldom in RAM; one check of one page each
-        (``mincore``), and only for reads that go to the reader thread."""
-        probe = self._probe
-        if probe.all_resident([address], 1):
+        """For a run that starts where a recent one ended: if its first value (at ``address``)
+        is on the disk, not in RAM, have the page-in thread ask the kernel for the run and the
+        ``READ_AHEAD_BLOCKS`` after it at once, as the kernel's own readahead would for a
+        reader going forward through a file (it does not here: LMDB maps the cache file for
+        random access). The prefetcher's windows do the same once they have grown; this covers
+        a reader's first reads, and readers nothing predicts. One ``mincore`` of one page."""
+        if self._probe.all_resident([address], 1):
             return
-        if first > 0:
-            before = self._addresses.get(keys[0] - 1)
-            if before is None or not probe.all_resident([before], 1):
-                return
         wanted = self.pages_to_read([(file_id, version, first,
                                       first + count + READ_AHEAD_BLOCKS)])
         if wanted is not None:

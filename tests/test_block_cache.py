@@ -469,11 +469,11 @@ def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_re
     def expected(first: int, count: int) -> bytes:
         return b"".join(block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:first + count])
     try:
-        # The block before is on the disk too: a random reader, nothing more is asked for.
+        # No read ended where this one starts: a random reader, nothing more is asked for.
         assert run(cache.read_run, 1, 1, 500, 4) == expected(500, 4)
         assert metric("neuralcache_cache_page_in_blocks_total") == paged
-        # The next read: its block before is in RAM now, so it and the (up to 2048) held
-        # blocks after it are asked for.
+        # The next read continues it, and its first page is on the disk: it and the (up to
+        # 2048) held blocks after it are asked for.
         assert run(cache.read_run, 1, 1, 504, 4) == expected(504, 4)
         assert metric("neuralcache_cache_page_in_blocks_total") == paged + len(keys) - 504
         assert wait_resident(data_file, 500 * BLOCK_SIZE)  # read in the page-in thread
