@@ -98,7 +98,7 @@ class ResidencyProbe:
         Asked in pieces of ``MAX_CHECK_PAGES``: a prefetch window's cached blocks reach 64 MiB
         at a time (``PrefetchPump._page_in``), and answering False for any stretch that long
         had each window's pages "read" from the disk again on a warm mount, in the reader
-        thread the warm reads wait for.
+        thread (then) that the warm reads wait for.
         """
         for piece in range(start, end, _MAX_CHECK_BYTES):
             length = min(end - piece, _MAX_CHECK_BYTES)
