@@ -233,14 +233,9 @@ def test_stretches_share_a_span_where_close() -> None:
 
 
 class _AlwaysOut(ResidencyProbe):
-    """Says no page is in RAM, and keeps the spans it was asked about."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.asked: list[list[tuple[int, int]]] = []
+    """Says no page is in RAM, so that ``pages_to_read`` shows what it would ask for."""
 
     def spans_resident(self, spans: list[tuple[int, int]]) -> bool:
-        self.asked.append(spans)
         return False
 
 
