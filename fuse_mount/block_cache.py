@@ -282,9 +282,10 @@ class BlockCache:
         a reader's first reads, and readers nothing predicts. One ``mincore`` of one page."""
         if self._probe.all_resident([address], 1):
             return
-        wanted = self.pages_to_read([(file_id, version, first,
-                                      first + count + READ_AHEAD_BLOCKS)])
-        if wanted is not None:
+        # The run's own first page is out, so the stretch is not asked about again (``mincore``
+        # over up to 8 MiB on the loop, answering what is known).
+        wanted = self._placed([(file_id, version, first, first + count + READ_AHEAD_BLOCKS)])
+        if wanted.spans:
             self._pager.post(will_need_spans, wanted.spans)
             metrics.CACHE_PAGE_IN_BLOCKS.inc(wanted.blocks)
 
@@ -300,6 +301,14 @@ class BlockCache:
         window hands over 64 MiB of runs at a time, and one look-up per block cost the event
         loop about 0.6 ms of its 2.2 per window (most of the rest is ``mincore``).
         """
+        wanted = self._placed(runs)
+        if not wanted.spans or self._probe.spans_resident(wanted.spans):
+            return None
+        return wanted
+
+    def _placed(self, runs: Iterable[tuple[int, int, int, int]]) -> PageIn:
+        """Where the values of these runs lie in the map, as ``pages_to_read`` finds them,
+        whether in RAM or not (no spans if no block's place is known)."""
         get, run = self._addresses.get, self.keys.run
         stretches: list[tuple[int, int]] = []
         blocks = 0
@@ -316,10 +325,7 @@ class BlockCache:
             placed = [(a, VALUE_BYTES) for key in keys if (a := get(key)) is not None]
             stretches += placed
             blocks += len(placed)
-        spans = merged_spans(stretches)
-        if not spans or self._probe.spans_resident(spans):
-            return None
-        return PageIn(spans, blocks)
+        return PageIn(merged_spans(stretches), blocks)
 
     async def page_in(self, wanted: PageIn) -> None:
         """Have the kernel read these values (``pages_to_read``) from the disk into RAM, so
