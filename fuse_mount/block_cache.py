@@ -24,7 +24,7 @@ from neuralcache.cache_policy import LruPolicy
 from . import metrics
 from .block_store import VALUE_BYTES, BlockKey, BlockStore
 from .cache_writer import CacheWriteError, CacheWriter
-from .key_space import KeySpace
+from .key_space import KeySpace, slot_of
 from .residency import ResidencyProbe, merged_spans, run_stretch, will_need_spans
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,9 @@ class BlockCache:
         self.store = store
         self.keys = KeySpace()
         self.writer = CacheWriter(store.path, store.capacity, store.map_base, self.keys)
-        self.policy = LruPolicy(capacity)
-        """Held blocks by int key (``keys``), least recently used first."""
+        self.policy = LruPolicy(capacity, group_of=slot_of)
+        """Held blocks by int key (``keys``), least recently used first, counted by file
+        version (``held_blocks``)."""
         self._ops: dict[int, bytes | None] = {}  # not yet handed to the writer
         self._writing: dict[int, bytes | None] = {}  # being written right now
         self._stamps: dict[int, int] = {}
@@ -126,6 +127,10 @@ class BlockCache:
     def holds(self, key: BlockKey) -> bool:
         """Whether the cache holds this block."""
         return self.policy.holds(self.keys.key(*key))
+
+    def held_blocks(self, file_id: int, version: int) -> int:
+        """How many blocks of this file version the cache holds (a dict look-up)."""
+        return self.policy.held_in(self.keys.slot(file_id, version))
 
     def held_keys(self) -> list[BlockKey]:
         """The held blocks, least recently used first."""

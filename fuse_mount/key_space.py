@@ -16,12 +16,17 @@ daemon runs, so blocks of an older version can never be taken for a newer one's.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from .block_store import BlockKey, KeyTuple
 
 BLOCK_BITS = 52
 """Bits of a key that hold the block number. A file's size fits in 63 bits (``st_size``), so
 its blocks in 51: a block number can never reach into the slot's bits."""
 BLOCK_MASK = (1 << BLOCK_BITS) - 1
+slot_of: Callable[[int], int] = BLOCK_BITS.__rrshift__
+"""The slot of a key, ``key >> BLOCK_BITS``, as a function in C: the cache's policy counts
+held blocks by slot at every insert and eviction (``LruPolicy.held_in``)."""
 
 
 class KeySpace:
@@ -48,6 +53,10 @@ class KeySpace:
         """The keys of blocks ``[first, first + count)`` of one file version."""
         start = self.base(file_id, version) + first
         return range(start, start + max(count, 0))
+
+    def slot(self, file_id: int, version: int) -> int:
+        """The slot of this file version (what ``slot_of`` gives for each of its keys)."""
+        return slot_of(self.base(file_id, version))
 
     def triple(self, key: int) -> KeyTuple:
         file_id, version = self.versions[key >> BLOCK_BITS]

@@ -7,7 +7,7 @@ and lets tests drive it against a reference model without a disk.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from types import MappingProxyType
 from typing import Callable, Hashable, Iterable, Mapping
 
@@ -15,16 +15,26 @@ from typing import Callable, Hashable, Iterable, Mapping
 class LruPolicy:
     """Tracks cached keys and their sizes; evicts the least recently used past ``capacity``."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int,
+                 group_of: Callable[[Hashable], Hashable] | None = None) -> None:
+        """``group_of(key)`` names the group a key belongs to (the spoke's: its file version),
+        for ``held_in``; without it every key is in group None."""
         if capacity <= 0:
             raise ValueError("cache capacity must be positive")
         self.capacity = capacity
         self.used = 0
         self._sizes: OrderedDict[Hashable, int] = OrderedDict()  # oldest first
+        self._group_of = group_of or _no_group
+        self._groups: Counter[Hashable] = Counter()  # held keys per group
         self.holds: Callable[[Hashable], bool] = self._sizes.__contains__
         """``key in policy`` as a plain function, for callers that ask block by block."""
         self.sizes: Mapping[Hashable, int] = MappingProxyType(self._sizes)
         """Held keys and their sizes, read-only."""
+
+    def held_in(self, group: Hashable) -> int:
+        """How many held keys are in ``group``: whether a whole file is cached, at the cost of
+        a dict look-up (the spoke asks at every open)."""
+        return self._groups[group]
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._sizes
@@ -77,9 +87,11 @@ class LruPolicy:
                 spared += 1
                 continue
             self.used -= self._sizes.pop(old)
+            self._groups[self._group_of(old)] -= 1
             evicted.append(old)
         self._sizes[key] = size
         self.used += size
+        self._groups[self._group_of(key)] += 1
         return evicted
 
     def insert_many(self, items: list[tuple[Hashable, int]],
@@ -96,6 +108,7 @@ class LruPolicy:
                 and sizes.keys().isdisjoint(keys)):
             sizes.update(items)
             self.used += total
+            self._groups.update(map(self._group_of, keys))
             return []
         return [old for key, size in items for old in self.insert(key, size, protected)]
 
@@ -105,8 +118,14 @@ class LruPolicy:
         if size is None:
             return False
         self.used -= size
+        self._groups[self._group_of(key)] -= 1
         return True
 
     def oldest_first(self) -> Iterable[Hashable]:
         """Held keys from least to most recently used."""
         return iter(self._sizes)
+
+
+def _no_group(key: Hashable) -> None:
+    """The group of every key when the policy is not told how to group them."""
+    return None

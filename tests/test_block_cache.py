@@ -185,6 +185,14 @@ class BlockCacheMachine(RuleBasedStateMachine):
         assert self.cache.policy.used == used <= CAPACITY
         assert metric("neuralcache_cache_used_bytes") == used
 
+    @invariant()
+    def held_blocks_counts_each_file_versions_blocks(self) -> None:
+        held = self.held()
+        for file_id in range(3):
+            for version in range(2):
+                assert self.cache.held_blocks(file_id, version) == sum(
+                    k.file_id == file_id and k.version == version for k in held)
+
 
 TestBlockCache = BlockCacheMachine.TestCase
 TestBlockCache.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)

@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from neuralcache.cache_policy import LruPolicy
 
 CAPACITY = 100
+GROUPS = 3
 keys = st.integers(0, 15)
 # Sizes up to a bit over the capacity, so oversized inserts are exercised too.
 sizes = st.integers(1, CAPACITY + 10)
@@ -51,7 +52,7 @@ class LruReference:
 class LruMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.policy = LruPolicy(CAPACITY)
+        self.policy = LruPolicy(CAPACITY, group_of=_group)
         self.model = LruReference(CAPACITY)
 
     @rule(key=keys, size=sizes)
@@ -90,6 +91,16 @@ class LruMachine(RuleBasedStateMachine):
     def used_is_exact_and_bounded(self) -> None:
         assert self.policy.used == self.model.used() <= CAPACITY
 
+    @invariant()
+    def each_group_counts_its_held_keys(self) -> None:
+        for group in range(GROUPS):
+            assert self.policy.held_in(group) == sum(_group(k) == group
+                                                     for k, _ in self.model.items)
+
+
+def _group(key: int) -> int:
+    return key % GROUPS
+
 
 TestLruPolicy = LruMachine.TestCase
 TestLruPolicy.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
@@ -99,6 +110,13 @@ TestLruPolicy.settings = settings(max_examples=60, stateful_step_count=40, deadl
 def test_capacity_must_be_positive(capacity: int) -> None:
     with pytest.raises(ValueError):
         LruPolicy(capacity)
+
+
+def test_without_a_grouping_every_key_is_in_group_none() -> None:
+    policy = LruPolicy(10)
+    policy.insert_many([("a", 1), ("b", 1)])
+    policy.remove("a")
+    assert policy.held_in(None) == 1
 
 
 def test_an_oversized_insert_drops_the_older_copy_of_its_key() -> None:
