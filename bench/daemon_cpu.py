@@ -1,7 +1,7 @@
 """What a warm read costs the daemon: CPU time and sleeps per pass, spoke beside memfs.
 
     python -m bench.daemon_cpu [--size 256M] [--random-reads 4096] [--rounds 2]
-                               [--mount-option OPT]... [--read-ahead-kb KB] [--workdir DIR]
+                               [--mount-option OPT]... [--workdir DIR]
 
 ``bench.throughput`` says how fast; this says where the daemon's side of it goes. It fills a
 spoke cache once (a cold sequential pass), then runs the same read passes as
@@ -9,8 +9,7 @@ spoke cache once (a cold sequential pass), then runs the same read passes as
 spoke interleaved, and for each pass reports, from ``/proc/PID``: the filesystem process's CPU
 seconds (user + system, all threads) and its voluntary and involuntary context switches per
 FUSE read. On two cores shared with others, CPU time per pass is steadier than MB/s, and the
-switches show what a thread hand-off per read costs. ``--read-ahead-kb`` overrides the mounts'
-readahead (both targets alike) after mounting.
+switches show what a thread hand-off per read costs.
 """
 
 from __future__ import annotations
@@ -35,8 +34,8 @@ DEFAULT_RANDOM_READS = 4096
 DEFAULT_ROUNDS = 2
 PASS_TIMEOUT = 300.0
 SEQUENTIAL_READ_BYTES = 1 << 20
-"""Sequential FUSE reads are ~1 MiB with the mount's 1 MiB readahead (bench.throughput counts
-them): a sequential figure per read is per this many bytes."""
+"""Sequential FUSE reads are ~1 MiB, the most the kernel sends (bench.throughput counts them): a
+sequential figure per read is per this many bytes."""
 
 
 @dataclass(frozen=True)
@@ -83,12 +82,6 @@ def _memfs_pid(mountpoint: str) -> int:
     raise RuntimeError(f"no memfs process for {mountpoint}")
 
 
-def _set_read_ahead(path: str, kb: int | None) -> None:
-    if kb is not None:
-        dev = os.stat(path).st_dev
-        Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb").write_text(str(kb))
-
-
 def _measure(target: str, pattern: str, pid: int, path: str, offsets: str | None,
              reads: int) -> str:
     before = Usage.of(pid)
@@ -108,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mount-option", action="append", default=[], metavar="OPT",
                         help="extra argument for the spoke mount, e.g. "
                              "--mount-option=--no-prefetch (repeatable)")
-    parser.add_argument("--read-ahead-kb", type=int,
-                        help="set both mounts' readahead to this after mounting")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)
     if args.size % READ_SIZE:
@@ -133,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
                 for pattern in (SEQUENTIAL, RANDOM):
                     pattern_offsets = offsets if pattern == RANDOM else None
                     with mount_procs.memfs(data, mountpoint) as path:
-                        _set_read_ahead(path, args.read_ahead_kb)
                         print(_measure("memfs", pattern, _memfs_pid(mountpoint), path,
                                        pattern_offsets, reads[pattern]), flush=True)
                     with mount_procs.spoke(hub.address, cache, mountpoint,
@@ -141,7 +131,6 @@ def main(argv: list[str] | None = None) -> int:
                         pid = spoke.pid()
                         assert pid is not None
                         path = os.path.join(mountpoint, DATA_NAME)
-                        _set_read_ahead(path, args.read_ahead_kb)
                         print(_measure("spoke", pattern, pid, path, pattern_offsets,
                                        reads[pattern]), flush=True)
     finally:

@@ -1,10 +1,11 @@
 """The Python FUSE ceiling: a minimal read-only pyfuse3 + trio filesystem serving one file from
 memory.
 
-It mounts with the spoke's own mount options and readahead (taken from ``fuse_mount.daemon``, so
-the two cannot drift apart), opens files with ``keep_cache`` like the spoke, and answers a read
-with a slice of one in-memory ``bytes``. Whatever the spoke's read path costs beyond this is ours
-to win back; nothing a pyfuse3 filesystem does can be faster than this.
+It mounts with the spoke's own mount options (taken from ``fuse_mount.daemon``, so the two
+cannot drift apart) and the readahead the spoke gives a wholly cached file
+(``fuse_mount.read_ahead.WARM_KB``), opens files with ``keep_cache`` like the spoke, and
+answers a read with a slice of one in-memory ``bytes``. Whatever the spoke's read path costs
+beyond this is ours to win back; nothing a pyfuse3 filesystem does can be faster than this.
 
     python -m bench.memfs --source FILE MOUNTPOINT
 
@@ -24,7 +25,8 @@ import sys
 import pyfuse3
 import trio
 
-from fuse_mount.daemon import SpokeConfig, _set_read_ahead, mount_options
+from fuse_mount import read_ahead
+from fuse_mount.daemon import SpokeConfig, mount_options
 from fuse_mount.namespace import ATTR_TIMEOUT
 
 READY_LINE = "memfs: ready"
@@ -101,7 +103,9 @@ async def _serve(mountpoint: str) -> None:
 async def _announce_when_live(mountpoint: str) -> None:
     """Runs beside ``pyfuse3.main``: setting readahead stats the mount, which this process
     answers."""
-    await trio.to_thread.run_sync(_set_read_ahead, mountpoint)
+    setting = read_ahead.ReadAhead()
+    await trio.to_thread.run_sync(setting.locate, mountpoint)
+    setting.set(read_ahead.WARM_KB)  # every byte is in memory: a wholly cached file
     print(READY_LINE, flush=True)
 
 

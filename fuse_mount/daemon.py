@@ -37,14 +37,11 @@ from .filesystem import SpokeFilesystem
 from .loop_steps import LongSteps
 from .namespace import Namespace
 from .prefetch import PrefetchPump, measured_link
+from .read_ahead import ReadAhead
 from .runtime import MountRecord, cache_lock, remove_record, write_record
 from .status import human_bytes
 
 log = logging.getLogger(__name__)
-
-READ_AHEAD_KB = 1024
-"""Kernel readahead for the mount (KiB): sequential readers then send 1 MiB FUSE reads, not the
-default 128 KiB, which amortises Python's per-request cost."""
 
 PATH_RECORD = "path.json"
 """The hub client's model of the path to the hub, in the cache directory: a remount over the
@@ -186,7 +183,8 @@ async def run_spoke(cfg: SpokeConfig, ready: Callable[[str], None]) -> None:
                     namespace=namespace, cache=cache, fetcher=fetcher, client=client).serve)
                 freeze_long_lived()
                 pace_collections()
-                await _serve(cfg, SpokeFilesystem(namespace, fetcher, pump), nursery, ready)
+                fs = SpokeFilesystem(namespace, fetcher, pump, ReadAhead())
+                await _serve(cfg, fs, nursery, ready)
                 nursery.cancel_scope.cancel()
             finally:
                 if pump is not None:
@@ -235,22 +233,12 @@ def _open_trace(path: str) -> BinaryIO:
         raise MountError(f"cannot record a trace to {path}: {exc.strerror}") from None
 
 
-def _set_read_ahead(mountpoint: str) -> None:
-    """Raise the mount's readahead; the kernel's FUSE default caps reads at 128 KiB."""
-    dev = os.stat(mountpoint).st_dev
-    path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
-    try:
-        with open(path, "w") as f:
-            f.write(str(READ_AHEAD_KB))
-    except OSError as exc:
-        log.warning("cannot raise readahead via %s (%s); reads stay at the kernel default",
-                    path, exc.strerror)
-
-
-async def _announce_when_live(cfg: SpokeConfig, entries: int, ready: Callable[[str], None]) -> None:
+async def _announce_when_live(cfg: SpokeConfig, fs: SpokeFilesystem,
+                              ready: Callable[[str], None]) -> None:
     """Tell the caller we are ready only once the kernel has a working mount (it answers stat)."""
-    await trio.to_thread.run_sync(_set_read_ahead, cfg.mountpoint)
-    message = f"mounted {cfg.mountpoint} ({entries} entries from {cfg.hub_host}:{cfg.hub_port})"
+    await trio.to_thread.run_sync(fs.read_ahead.locate, cfg.mountpoint)
+    message = (f"mounted {cfg.mountpoint} ({len(fs.namespace)} entries from "
+               f"{cfg.hub_host}:{cfg.hub_port})")
     ready(message)
     sd_notify.notify(READY=1, STATUS=message)
 
@@ -271,7 +259,7 @@ async def _serve(cfg: SpokeConfig, fs: SpokeFilesystem, nursery: trio.Nursery,
     try:
         write_record(record)
         nursery.start_soon(_watch_signals)
-        nursery.start_soon(_announce_when_live, cfg, len(fs.namespace), ready)
+        nursery.start_soon(_announce_when_live, cfg, fs, ready)
         await pyfuse3.main()
     finally:
         sd_notify.notify(STOPPING=1, STATUS=f"unmounting {cfg.mountpoint}")

@@ -114,6 +114,10 @@ class BlockFetcher:
             else:
                 fetch.on_done.append(fetched)
 
+    def holds_whole(self, entry: MetaEntry) -> bool:
+        """Whether every block of ``entry`` is cached: reading it needs nothing of the hub."""
+        return self.cache.held_blocks(entry.file_id, entry.version) >= block_count(entry.size)
+
     def fetching(self, entry: MetaEntry, first: int, count: int) -> bool:
         """Whether a fetch of any of blocks ``[first, first + count)`` is on its way."""
         return any(map(self._inflight.__contains__,

@@ -27,6 +27,7 @@ from .exact_reads import ExactReadFiles
 from .fetcher import BlockFetcher
 from .namespace import Namespace, Node
 from .prefetch import PrefetchPump
+from .read_ahead import ReadAhead
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 _READS_OK = metrics.READS.labels("ok")
@@ -38,11 +39,13 @@ class SpokeFilesystem(pyfuse3.Operations):
 
     enable_writeback_cache = False
 
-    def __init__(self, namespace: Namespace, fetcher: BlockFetcher, pump: PrefetchPump) -> None:
+    def __init__(self, namespace: Namespace, fetcher: BlockFetcher, pump: PrefetchPump,
+                 read_ahead: ReadAhead) -> None:
         super().__init__()
         self.namespace = namespace
         self.fetcher = fetcher
         self.pump = pump
+        self.read_ahead = read_ahead
         self.control = ControlFiles(namespace.next_free_inode, self._on_hints,
                                     namespace.uid, namespace.gid)
         self.exact_reads = ExactReadFiles()
@@ -138,6 +141,9 @@ class SpokeFilesystem(pyfuse3.Operations):
         direct = self.exact_reads.wants(trio.current_time(), node.entry.path)
         if direct:
             metrics.EXACT_OPENS.inc()
+        else:
+            # The kernel takes the readahead into the file once this open is answered.
+            self.read_ahead.for_open(self.fetcher.holds_whole(node.entry))
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=direct)
 
     @fuse_handler

@@ -16,8 +16,14 @@ SOURCE_CACHE = "cache"
 SOURCE_HUB = "hub"
 PATH_INLINE = "inline"
 PATH_THREAD = "reader_thread"
+READ_AHEAD_WARM = "warm"
+READ_AHEAD_COLD = "cold"
 
 READS = Counter("neuralcache_reads_total", "FUSE read requests served, by outcome.", ["outcome"])
+OPENS = Counter(
+    "neuralcache_opens_total",
+    "Data files opened, by the kernel readahead they were given: warm if every block of the "
+    "file was cached, else cold.", ["read_ahead"])
 EXACT_OPENS = Counter(
     "neuralcache_exact_opens_total",
     "Files opened with direct I/O (no kernel readahead): a job's exact hints named them.")

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import needs_fuse
+from fuse_mount import read_ahead
 from fuse_mount.launch import Hub, Spoke, is_mounted
 
 pytestmark = [pytest.mark.mount, needs_fuse]
@@ -55,6 +56,27 @@ def test_namespace_is_browsable_before_any_data_moves(export, hub: Hub, spoke: S
     assert not os.path.lexists(spoke.mountpoint / "escape_link"), "symlink leaving the export"
     assert spoke.metric("neuralcache_reads_total", outcome="ok") == 0
     assert spoke.metric("neuralcache_cache_miss_blocks_total") == 0
+
+
+def test_a_wholly_cached_file_is_opened_with_the_warm_readahead(
+        export, hub: Hub, spoke: Spoke) -> None:
+    _, files = export
+    spoke.mount(hub.address, "--no-prefetch")  # nothing but the reads below fetches
+    dev = os.stat(spoke.mountpoint).st_dev
+    setting = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    assert int(setting.read_text()) == read_ahead.COLD_KB  # set once the mount is live
+    big, other = sorted(files, key=lambda rel: len(files[rel]))[-2:]
+
+    def opened(rel: str) -> int:
+        """Open ``rel``; the readahead set for it, which the kernel took into the file."""
+        with open(spoke.mountpoint / rel, "rb"):
+            return int(setting.read_text())
+    assert opened(big) == read_ahead.COLD_KB
+    read_all(spoke.mountpoint, {big: files[big]})
+    assert opened(big) == read_ahead.WARM_KB
+    assert opened(other) == read_ahead.COLD_KB
+    assert spoke.metric("neuralcache_opens_total", read_ahead="warm") == 1
+    assert spoke.metric("neuralcache_opens_total", read_ahead="cold") == 3  # read_all's own
 
 
 def test_mount_is_read_only(export, hub: Hub, spoke: Spoke) -> None:
