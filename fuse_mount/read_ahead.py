@@ -12,6 +12,9 @@ reaches only files opened after it. So the daemon sets it as it answers each ope
 - ``COLD_KB`` for any other. Reads ahead of what the prefetcher has fetched are demand fetches
   over the WAN, sent at once, and four times as many burst past the bottleneck's queue
   (docs/repro.md, session 46).
+
+The setting is the mount's, not the file's: of two opens answered at the same moment, one file
+may take the value meant for the other. Either value reads the right bytes, one just sooner.
 """
 
 from __future__ import annotations
