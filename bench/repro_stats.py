@@ -57,11 +57,13 @@ GC_SECONDS = "neuralcache_gc_seconds_total"
 RUN_READS = "neuralcache_cache_run_reads_total"
 """Reads of whole cached runs by where they ran: on the event loop (inline) or in the reader
 thread."""
+OPENS = "neuralcache_opens_total"
+"""Opens of data files by the readahead they got: warm (wholly cached) or cold."""
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
                 EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, DISPATCH_WAIT,
                 *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS, GC_SECONDS,
-                RUN_READS, LONG_STEPS, LONG_STEP_SECONDS)
+                RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 
