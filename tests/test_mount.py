@@ -65,7 +65,7 @@ def test_a_wholly_cached_file_is_opened_with_the_warm_readahead(
     dev = os.stat(spoke.mountpoint).st_dev
     setting = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
     assert int(setting.read_text()) == read_ahead.COLD_KB  # set once the mount is live
-    big, other = sorted(files, key=lambda rel: len(files[rel]))[-2:]
+    other, big = sorted(files, key=lambda rel: len(files[rel]))[-2:]  # the two largest
 
     def opened(rel: str) -> int:
         """Open ``rel``; the readahead set for it, which the kernel took into the file."""
