@@ -103,9 +103,8 @@ async def _serve(mountpoint: str) -> None:
 async def _announce_when_live(mountpoint: str) -> None:
     """Runs beside ``pyfuse3.main``: setting readahead stats the mount, which this process
     answers."""
-    setting = read_ahead.ReadAhead()
-    await trio.to_thread.run_sync(setting.locate, mountpoint)
-    setting.set(read_ahead.WARM_KB)  # every byte is in memory: a wholly cached file
+    # Every byte is in memory: the readahead of a wholly cached file.
+    await trio.to_thread.run_sync(read_ahead.ReadAhead().locate, mountpoint, read_ahead.WARM_KB)
     print(READY_LINE, flush=True)
 
 

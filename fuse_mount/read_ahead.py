@@ -41,12 +41,13 @@ class ReadAhead:
         self._path: str | None = None
         self._kb: int | None = None
 
-    def locate(self, mountpoint: str) -> None:
-        """Find the mount's setting and start it at ``COLD_KB``. This stats the mountpoint,
-        which the daemon's own loop answers: call it from a thread, once the mount is live."""
+    def locate(self, mountpoint: str, kb: int = COLD_KB) -> None:
+        """Find the mount's setting and start it at ``kb`` (the spoke's: ``COLD_KB``, until an
+        open says otherwise). This stats the mountpoint, which the filesystem's own loop
+        answers: call it from a thread, once the mount is live."""
         dev = os.stat(mountpoint).st_dev
         self._path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
-        self.set(COLD_KB)
+        self.set(kb)
 
     def for_open(self, whole_file_cached: bool) -> None:
         """Set the readahead the file about to be opened should get, and count the open."""
