@@ -34,6 +34,15 @@ FLUSH_INTERVAL = 0.05
 MAX_BATCH_OPS = 4096
 """Puts per write transaction (16 MiB of blocks): large enough to amortise, small enough to stay
 quick."""
+MAX_BATCH_STAMPS = 1 << 16
+"""Last-use stamp rows per write transaction (a quarter of a GiB's blocks; about 0.6 us each in
+LMDB): the same bound on a transaction for a warm read's stamps."""
+STAMPS_PENDING_MAX = 1 << 20
+"""Last-use stamps held in memory before the writer is woken to write them on their own. They
+ride along with the puts, and a warm mount puts nothing: over an epoch read from the cache they
+would wait for the unmount, a dict entry per block read (half the index's memory again), and
+make its flush one transaction of them all. At this many (4 GiB of blocks, ~110 MB) the writer
+keeps up with the reads instead; a pass over a smaller cache never wakes it."""
 
 INLINE_MAX_BLOCKS = 64
 """Longest run (256 KiB) served on the event loop when its pages are in RAM. A 16 KiB read
@@ -193,6 +202,8 @@ class BlockCache:
         transaction behind each warm read."""
         self._stamps.update(zip(keys, itertools.count(self._clock + 1)))
         self._clock += len(keys)
+        if len(self._stamps) >= STAMPS_PENDING_MAX:
+            self._work.set()
 
     def _touch(self, keys: Iterable[int]) -> None:
         """Record a use of the held ones among ``keys``, in order.
@@ -422,13 +433,7 @@ class BlockCache:
         batch = dict(itertools.islice(self._ops.items(), MAX_BATCH_OPS))
         for key in batch:
             del self._ops[key]
-        # A stamp row goes with its block's put, never before it (``BlockStore.index`` reads
-        # the stamps alone): the stamps of keys whose change waits for a later batch wait too.
-        waiting = {k: s for k, s in self._stamps.items() if k in self._ops}
-        sizes, located = self.policy.sizes, self._addresses
-        stamps = {k: (s, sizes[k], located.get(k)) for k, s in self._stamps.items()
-                  if k in sizes and k not in waiting}
-        self._stamps = waiting
+        stamps = self._take_stamps(batch)
         if not batch and not stamps and not self._stale:
             self._work = trio.Event()
             return
@@ -457,8 +462,33 @@ class BlockCache:
                                    if k not in self._ops and k in self.policy)
         finally:
             self._writing = {}
-        if not self._ops:
+        if not self._ops and len(self._stamps) < STAMPS_PENDING_MAX:
             self._work = trio.Event()
+
+    def _take_stamps(self, batch: dict[int, bytes | None]
+                     ) -> dict[int, tuple[int, int, int | None]]:
+        """The next batch's stamp rows ``(stamp, size, address)`` by key: those of the blocks
+        ``batch`` puts, then the oldest other pending ones, up to ``MAX_BATCH_STAMPS`` more.
+
+        A stamp row goes with its block's put, never before it: ``BlockStore.index`` reads the
+        stamps alone, so a block put without its row would never be counted or evicted again,
+        and a row without its block would count one that is not there. The stamps of keys
+        whose change waits for a later batch wait too.
+        """
+        pending, ops = self._stamps, self._ops
+        sizes, located = self.policy.sizes, self._addresses
+        stamps: dict[int, tuple[int, int, int | None]] = {}
+
+        def take(key: int) -> None:
+            stamp = pending.pop(key, None)
+            if stamp is not None and key in sizes:
+                stamps[key] = (stamp, sizes[key], located.get(key))
+        for key in batch:
+            take(key)
+        for key in list(itertools.islice(pending, MAX_BATCH_STAMPS)):
+            if key not in ops:
+                take(key)
+        return stamps
 
     def _drop_unwritten(self, puts: dict[int, bytes], deletes: list[int],
                         exc: Exception) -> None:

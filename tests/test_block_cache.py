@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from bench.mount_procs import drop_page_cache
 from fabric.protocol import CHECKSUM_BYTES
+from fuse_mount import block_cache
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.residency import file_resident_bytes
@@ -251,6 +252,70 @@ def test_the_background_writer_persists_puts(tmp_path: Path) -> None:
     assert metric("neuralcache_cache_write_batch_seconds_count") == batches + 1
     assert metric("neuralcache_cache_write_batch_ops_sum") == ops + 1
     cache.close()
+
+
+def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hits put nothing, so their last-use stamps ride along with no batch: past
+    ``STAMPS_PENDING_MAX`` the writer writes them on its own, ``MAX_BATCH_STAMPS`` at a time,
+    so they neither pile up in memory nor wait for the unmount."""
+    monkeypatch.setattr(block_cache, "STAMPS_PENDING_MAX", 8)
+    monkeypatch.setattr(block_cache, "MAX_BATCH_STAMPS", 4)
+    keys = [BlockKey(1, 1, b) for b in range(32)]
+    capacity = len(keys) * BLOCK_SIZE
+    cache = open_cache(tmp_path, capacity)
+    fill(cache, keys)
+    batches = metric("neuralcache_cache_write_batch_seconds_count")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run_writer)
+            for key in reversed(keys):  # newest first: the reverse of the order they were put
+                assert await cache.read_run(*key, 1) == block_bytes(key, BLOCK_SIZE, 0)
+            with trio.fail_after(5):
+                while len(cache._stamps) >= 8:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    run(main)
+    assert metric("neuralcache_cache_write_batch_seconds_count") >= batches + (32 - 7) // 4
+    cache.close()  # no flush: what is on disk is what the writer wrote while reads went on
+    reopened = open_cache(tmp_path, capacity)
+    order = reopened.held_keys()
+    reopened.close()
+    # Blocks whose new stamps were written are the most recent, in the order they were read;
+    # the few left pending keep the order they were put in.
+    assert any(order == keys[:left] + keys[left:][::-1] for left in range(8))
+
+
+def test_a_put_is_written_with_its_stamp_however_many_others_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The index is read from the stamp rows alone: a block written without its row would
+    never be counted, nor evicted, again. A batch's puts carry their rows whatever the bound
+    on the other stamps it takes."""
+    monkeypatch.setattr(block_cache, "MAX_BATCH_STAMPS", 2)
+    old = [BlockKey(1, 1, b) for b in range(8)]
+    new = [BlockKey(2, 1, b) for b in range(2)]
+    capacity = (len(old) + len(new)) * BLOCK_SIZE
+    cache = open_cache(tmp_path, capacity)
+    fill(cache, old)
+
+    async def main() -> None:
+        for key in old:  # eight stamps wait, ahead of the puts'
+            assert await cache.read_run(*key, 1) is not None
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run_writer)
+            for key in new:
+                cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
+            with trio.fail_after(5):
+                while cache.store.get_many(new)[0].keys() != set(new):
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    run(main)
+    cache.close()  # no flush
+    reopened = open_cache(tmp_path, capacity)
+    held = reopened.held_keys()
+    reopened.close()
+    assert set(held) == set(old + new)
 
 
 def _write_raw(path: Path, key: BlockKey, value: Callable[[bytes], bytes]) -> None:
