@@ -1,15 +1,19 @@
 """What a warm read costs the daemon: CPU time and sleeps per pass, spoke beside memfs.
 
-    python -m bench.daemon_cpu [--size 256M] [--random-reads 4096] [--rounds 2]
+    python -m bench.daemon_cpu [--size 256M] [--random-reads 4096] [--rounds 2] [--from-disk]
                                [--mount-option OPT]... [--workdir DIR]
 
 ``bench.throughput`` says how fast; this says where the daemon's side of it goes. It fills a
 spoke cache once (a cold sequential pass), then runs the same read passes as
 ``bench.throughput`` (``bench.read_pass``, 16 KiB reads, a fresh mount per pass), memfs and warm
 spoke interleaved, and for each pass reports, from ``/proc/PID``: the filesystem process's CPU
-seconds (user + system, all threads) and its voluntary and involuntary context switches per
-FUSE read. On two cores shared with others, CPU time per pass is steadier than MB/s, and the
-switches show what a thread hand-off per read costs.
+seconds (user + system, all threads), the part of it its main thread ran (where trio runs
+every FUSE handler: one thread, so one core at most) and the time that thread waited for a CPU
+while runnable (``schedstat``), and its voluntary and involuntary context switches per FUSE
+read. On two cores shared with others, CPU time per pass is steadier than MB/s, and the
+switches show what a thread hand-off per read costs. With ``--from-disk`` the cache file is
+evicted from the page cache before every spoke pass (``bench.throughput``'s "LMDB from disk"
+rows; memfs still serves from memory).
 """
 
 from __future__ import annotations
@@ -40,7 +44,9 @@ sequential figure per read is per this many bytes."""
 
 @dataclass(frozen=True)
 class Usage:
-    cpu: float  # seconds, user + system
+    cpu: float  # seconds, user + system, every thread
+    loop_cpu: float  # seconds the main thread ran
+    loop_wait: float  # seconds the main thread was runnable but waited for a CPU
     voluntary: int
     involuntary: int
 
@@ -57,10 +63,12 @@ class Usage:
                         involuntary += int(value)
             except OSError:  # a thread that ended meanwhile
                 continue
-        return cls(proc_cpu.cpu_seconds(pid), voluntary, involuntary)
+        loop_cpu, loop_wait = proc_cpu.thread_schedstat(pid, pid)
+        return cls(proc_cpu.cpu_seconds(pid), loop_cpu, loop_wait, voluntary, involuntary)
 
     def __sub__(self, other: "Usage") -> "Usage":
-        return Usage(self.cpu - other.cpu, self.voluntary - other.voluntary,
+        return Usage(self.cpu - other.cpu, self.loop_cpu - other.loop_cpu,
+                     self.loop_wait - other.loop_wait, self.voluntary - other.voluntary,
                      self.involuntary - other.involuntary)
 
 
@@ -87,8 +95,10 @@ def _measure(target: str, pattern: str, pid: int, path: str, offsets: str | None
     before = Usage.of(pid)
     result = run_pass(pattern, path, offsets, PASS_TIMEOUT)
     used = Usage.of(pid) - before
+    per_read = 1e6 / reads
     return (f"{target:<7}{pattern:<12}{result.mb_per_s:>8.0f} MB/s{used.cpu:>8.2f} s CPU"
-            f"{used.cpu / reads * 1e6:>9.0f} us/read{used.voluntary / reads:>9.2f}"
+            f"{used.cpu * per_read:>9.0f} us/read{used.loop_cpu * per_read:>10.0f} us"
+            f"{used.loop_wait * per_read:>10.0f} us{used.voluntary / reads:>9.2f}"
             f"{used.involuntary / reads:>9.2f}")
 
 
@@ -101,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mount-option", action="append", default=[], metavar="OPT",
                         help="extra argument for the spoke mount, e.g. "
                              "--mount-option=--no-prefetch (repeatable)")
+    parser.add_argument("--from-disk", action="store_true",
+                        help="evict the spoke's cache file from the page cache before each "
+                             "spoke pass")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)
     if args.size % READ_SIZE:
@@ -110,12 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     data = make_dataset(workdir, args.size)
     scratch, offsets = scratch_with_offsets(workdir, "cpu", args.size, args.random_reads)
     cache, mountpoint = os.path.join(scratch, "cache"), os.path.join(scratch, "mnt")
+    cache_file = os.path.join(cache, "blocks.lmdb", "data.mdb")
     spoke_options = ["--cache-size", str(cache_size_for(args.size)), *args.mount_option]
     reads = reads_per_pass(args.size, args.random_reads)
     print(f"load average (1 min) at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "
           f"per read: sequential = per 1 MiB FUSE read, random = per 16 KiB read")
     print(f"{'target':<7}{'pattern':<12}{'speed':>13}{'daemon CPU':>14}{'CPU':>16}"
-          f"{'vol sw':>9}{'invol sw':>9}")
+          f"{'main thr.':>13}{'its wait':>13}{'vol sw':>9}{'invol sw':>9}")
     try:
         with mount_procs.hub(os.path.dirname(data)) as hub:
             with mount_procs.spoke(hub.address, cache, mountpoint, *spoke_options):
@@ -126,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                     with mount_procs.memfs(data, mountpoint) as path:
                         print(_measure("memfs", pattern, _memfs_pid(mountpoint), path,
                                        pattern_offsets, reads[pattern]), flush=True)
+                    if args.from_disk:
+                        mount_procs.drop_page_cache(cache_file)
                     with mount_procs.spoke(hub.address, cache, mountpoint,
                                            *spoke_options) as (spoke, _):
                         pid = spoke.pid()

@@ -64,6 +64,16 @@ def _main_thread_seconds(pid: str) -> float:
     return 0.0 if fields is None else _own_seconds(fields)
 
 
+def thread_schedstat(pid: int, tid: int) -> tuple[float, float]:
+    """Seconds thread ``tid`` of ``pid`` has run on a CPU, and has waited for one while
+    runnable (``/proc/PID/task/TID/schedstat``, in ns: a read's share is microseconds, far
+    below ``/proc/PID/stat``'s 10 ms ticks). Raises ``OSError`` (or ``ValueError``, for what
+    a thread leaves as it ends) if the thread is gone."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+        ran, waited = f.read().split()[:2]
+    return int(ran) / 1e9, int(waited) / 1e9
+
+
 def stolen_ticks() -> tuple[int, int]:
     """(stolen, all) CPU ticks of the machine so far, over all its CPUs, from ``/proc/stat``."""
     with open("/proc/stat") as f:

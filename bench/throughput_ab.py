@@ -29,7 +29,7 @@ import shutil
 import statistics
 import sys
 
-from bench import mount_procs
+from bench import mount_procs, proc_cpu
 from bench.daemon_cpu import SEQUENTIAL_READ_BYTES, reads_per_pass
 from bench.read_pass import RANDOM, READ_SIZE, SEQUENTIAL, Pass, PassFailed
 from bench.read_pass import run as run_pass
@@ -49,14 +49,13 @@ def on_cpu_seconds(pid: int) -> float:
     """Seconds the live threads of ``pid`` have run on a CPU (``/proc/PID/task/*/schedstat``,
     in ns: ``/proc/PID/stat``'s clock ticks of 10 ms would cost a 256-read pass 39 us of
     resolution per read). Threads that ended are left out; a warm pass starts none."""
-    total = 0
+    total = 0.0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            total += proc_cpu.thread_schedstat(pid, int(tid))[0]
+        except (OSError, ValueError):  # a thread that ended meanwhile
             continue
-    return total / 1e9
+    return total
 
 
 class WrongBytes(Exception):

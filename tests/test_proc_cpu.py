@@ -1,7 +1,9 @@
 """bench.proc_cpu: CPU time by role, read from /proc, for real processes."""
 
+import os
 import subprocess
 import sys
+import threading
 import time
 
 from bench import proc_cpu
@@ -94,3 +96,31 @@ def test_the_machines_stolen_time_is_counted_as_a_share_of_its_cpu_time() -> Non
     assert proc_cpu.used(before, proc_cpu.snapshot())[proc_cpu.STOLEN] >= 0.0
     assert proc_cpu.stolen_ticks()[1] > mark[1]  # the clock moved on
     assert 0.0 <= proc_cpu.stolen_share_since(mark) <= 1.0
+
+
+def test_a_threads_schedstat_counts_its_own_cpu_time_only() -> None:
+    """``thread_schedstat``: nanosecond CPU time of one thread (bench.daemon_cpu's main-thread
+    column, bench.throughput_ab's per-read CPU), not the process's other threads'."""
+    pid = os.getpid()
+    main_before, _ = proc_cpu.thread_schedstat(pid, pid)
+    spun, release = threading.Event(), threading.Event()
+    native: list[int] = []
+
+    def busy() -> None:
+        native.append(threading.get_native_id())
+        end = time.thread_time() + 0.2
+        while time.thread_time() < end:
+            pass
+        spun.set()
+        release.wait(30)  # alive while it is read
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        assert spun.wait(30)
+        ran, waited = proc_cpu.thread_schedstat(pid, native[0])
+    finally:
+        release.set()
+        worker.join()
+    main_ran = proc_cpu.thread_schedstat(pid, pid)[0] - main_before
+    assert ran >= 0.19 and waited >= 0
+    assert main_ran < 0.1  # the main thread only waited
