@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import deque
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import trio
@@ -34,15 +35,17 @@ FLUSH_INTERVAL = 0.05
 MAX_BATCH_OPS = 4096
 """Puts per write transaction (16 MiB of blocks): large enough to amortise, small enough to stay
 quick."""
-MAX_BATCH_STAMPS = 1 << 16
-"""Last-use stamp rows per write transaction (a quarter of a GiB's blocks; about 0.6 us each in
-LMDB): the same bound on a transaction for a warm read's stamps."""
+MAX_BATCH_STAMPS = 16384
+"""Last-use stamps per write transaction besides those of its puts (64 MiB of blocks read):
+few enough that taking them keeps the event loop's step short (their rows are made in the
+thread that hands the batch to the writer), and the transaction quick."""
 STAMPS_PENDING_MAX = 1 << 20
 """Last-use stamps held in memory before the writer is woken to write them on their own. They
 ride along with the puts, and a warm mount puts nothing: over an epoch read from the cache they
 would wait for the unmount, a dict entry per block read (half the index's memory again), and
 make its flush one transaction of them all. At this many (4 GiB of blocks, ~110 MB) the writer
-keeps up with the reads instead; a pass over a smaller cache never wakes it."""
+writes batch after batch, without gathering for ``FLUSH_INTERVAL``, until fewer wait; a pass
+over a smaller cache never wakes it."""
 
 INLINE_MAX_BLOCKS = 64
 """Longest run (256 KiB) served on the event loop when its pages are in RAM. A 16 KiB read
@@ -422,7 +425,8 @@ class BlockCache:
         task_status.started()
         while True:
             await self._work.wait()
-            await trio.sleep(FLUSH_INTERVAL)
+            if len(self._stamps) < STAMPS_PENDING_MAX:
+                await trio.sleep(FLUSH_INTERVAL)
             await self._write_one_batch()
 
     async def _write_one_batch(self) -> None:
@@ -450,7 +454,7 @@ class BlockCache:
         metrics.CACHE_WRITE_OPS.observe(len(batch) + len(stale))
         try:
             with metrics.CACHE_WRITE_SECONDS.time():
-                written = await trio.to_thread.run_sync(self.writer.write_batch, puts, deletes,
+                written = await trio.to_thread.run_sync(self._write_batch, puts, deletes,
                                                         stamps)
         except CacheWriteError as exc:
             self._drop_unwritten(puts, deletes, exc)
@@ -465,30 +469,41 @@ class BlockCache:
         if not self._ops and len(self._stamps) < STAMPS_PENDING_MAX:
             self._work = trio.Event()
 
-    def _take_stamps(self, batch: dict[int, bytes | None]
-                     ) -> dict[int, tuple[int, int, int | None]]:
-        """The next batch's stamp rows ``(stamp, size, address)`` by key: those of the blocks
-        ``batch`` puts, then the oldest other pending ones, up to ``MAX_BATCH_STAMPS`` more.
+    def _take_stamps(self, batch: dict[int, bytes | None]) -> dict[int, int]:
+        """The next batch's stamps by key: those of the blocks ``batch`` puts, then the oldest
+        other pending ones, up to ``MAX_BATCH_STAMPS`` more, taken in bulk (C loops) since it
+        runs on the event loop.
 
         A stamp row goes with its block's put, never before it: ``BlockStore.index`` reads the
         stamps alone, so a block put without its row would never be counted or evicted again,
         and a row without its block would count one that is not there. The stamps of keys
         whose change waits for a later batch wait too.
         """
-        pending, ops = self._stamps, self._ops
-        sizes, located = self.policy.sizes, self._addresses
-        stamps: dict[int, tuple[int, int, int | None]] = {}
+        pending = self._stamps
+        own = {key: pending.pop(key) for key in batch.keys() & pending.keys()}
+        taken = dict(itertools.islice(pending.items(), MAX_BATCH_STAMPS))
+        deque(map(pending.__delitem__, taken), maxlen=0)
+        for key in taken.keys() & self._ops.keys():
+            pending[key] = taken.pop(key)
+        taken.update(own)
+        return taken
 
-        def take(key: int) -> None:
-            stamp = pending.pop(key, None)
-            if stamp is not None and key in sizes:
-                stamps[key] = (stamp, sizes[key], located.get(key))
-        for key in batch:
-            take(key)
-        for key in list(itertools.islice(pending, MAX_BATCH_STAMPS)):
-            if key not in ops:
-                take(key)
-        return stamps
+    def _write_batch(self, puts: dict[int, bytes], deletes: list[int],
+                     stamps: dict[int, int]) -> dict[int, int]:
+        """``writer.write_batch``, in a worker thread: the stamp rows ``(stamp, size, address)``
+        are made here, off the event loop, by point look-ups into what the loop keeps changing.
+        A key evicted meanwhile gets no row, unless this batch puts its block: then the row
+        goes with it (a later batch deletes both)."""
+        sizes, located = self.policy.sizes, self._addresses
+        rows = {}
+        for key, stamp in stamps.items():
+            size = sizes.get(key)
+            if size is None:
+                if key not in puts:
+                    continue
+                size = len(puts[key])
+            rows[key] = (stamp, size, located.get(key))
+        return self.writer.write_batch(puts, deletes, rows)
 
     def _drop_unwritten(self, puts: dict[int, bytes], deletes: list[int],
                         exc: Exception) -> None:

@@ -257,10 +257,12 @@ def test_the_background_writer_persists_puts(tmp_path: Path) -> None:
 def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Hits put nothing, so their last-use stamps ride along with no batch: past
-    ``STAMPS_PENDING_MAX`` the writer writes them on its own, ``MAX_BATCH_STAMPS`` at a time,
+    ``STAMPS_PENDING_MAX`` the writer writes them on its own, ``MAX_BATCH_STAMPS`` at a time and
+    batch after batch (no gathering for ``FLUSH_INTERVAL`` meanwhile: it could not keep up),
     so they neither pile up in memory nor wait for the unmount."""
     monkeypatch.setattr(block_cache, "STAMPS_PENDING_MAX", 8)
     monkeypatch.setattr(block_cache, "MAX_BATCH_STAMPS", 4)
+    monkeypatch.setattr(block_cache, "FLUSH_INTERVAL", 60.0)  # longer than the test may wait
     keys = [BlockKey(1, 1, b) for b in range(32)]
     capacity = len(keys) * BLOCK_SIZE
     cache = open_cache(tmp_path, capacity)
@@ -316,6 +318,19 @@ def test_a_put_is_written_with_its_stamp_however_many_others_wait(
     held = reopened.held_keys()
     reopened.close()
     assert set(held) == set(old + new)
+
+
+def test_a_put_evicted_while_its_batch_is_written_keeps_its_stamp_row(tmp_path: Path) -> None:
+    """Stamp rows are made in the thread that hands a batch to the writer, after the event loop
+    took the batch: a block the loop evicted meanwhile is still put by this batch, so its row
+    must go with it (its delete follows in the next batch), or a crash between the two would
+    leave a block no index ever counts again."""
+    cache = open_cache(tmp_path)
+    key = cache.keys.key(*KEY)
+    data = block_bytes(KEY, 100, 0)
+    cache._write_batch({key: data}, [], {key: 5})  # the key was never held: "evicted"
+    assert [(e.key, e.size, e.stamp) for e in cache.store.index()] == [(tuple(KEY), 100, 5)]
+    cache.close()
 
 
 def _write_raw(path: Path, key: BlockKey, value: Callable[[bytes], bytes]) -> None:
