@@ -274,7 +274,7 @@ def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
             await nursery.start(cache.run_writer)
             for key in reversed(keys):  # newest first: the reverse of the order they were put
                 assert await cache.read_run(*key, 1) == block_bytes(key, BLOCK_SIZE, 0)
-            with trio.fail_after(5):
+            with trio.fail_after(30):  # a bound on a hang; 60 s of gathering would pass it
                 while len(cache._stamps) >= 8:
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
@@ -308,7 +308,7 @@ def test_a_put_is_written_with_its_stamp_however_many_others_wait(
             await nursery.start(cache.run_writer)
             for key in new:
                 cache.put(key, block_bytes(key, BLOCK_SIZE, 0))
-            with trio.fail_after(5):
+            with trio.fail_after(30):
                 while cache.store.get_many(new)[0].keys() != set(new):
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
