@@ -51,9 +51,9 @@ class ReadAhead:
 
     def for_open(self, whole_file_cached: bool) -> None:
         """Set the readahead the file about to be opened should get, and count the open."""
-        kb = WARM_KB if whole_file_cached else COLD_KB
-        metrics.OPENS.labels(metrics.READ_AHEAD_WARM if whole_file_cached
-                             else metrics.READ_AHEAD_COLD).inc()
+        kb, label = ((WARM_KB, metrics.READ_AHEAD_WARM) if whole_file_cached
+                     else (COLD_KB, metrics.READ_AHEAD_COLD))
+        metrics.OPENS.labels(label).inc()
         self.set(kb)
 
     def set(self, kb: int) -> None:
