@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for pattern in (SEQUENTIAL, RANDOM):
                     pattern_offsets = offsets if pattern == RANDOM else None
-                    with mount_procs.memfs(data, mountpoint) as path:
+                    with mount_procs.memfs(mountpoint, data) as (path,):
                         print(_measure("memfs", pattern, _memfs_pid(mountpoint), path,
                                        pattern_offsets, reads[pattern]), flush=True)
                     if args.from_disk:

@@ -1,4 +1,4 @@
-"""The Python FUSE ceiling: a minimal read-only pyfuse3 + trio filesystem serving one file from
+"""The Python FUSE ceiling: a minimal read-only pyfuse3 + trio filesystem serving files from
 memory.
 
 It mounts with the spoke's own mount options (taken from ``fuse_mount.daemon``, so the two
@@ -7,10 +7,11 @@ cannot drift apart) and the readahead the spoke gives a wholly cached file
 answers a read with a slice of one in-memory ``bytes``. Whatever the spoke's read path costs
 beyond this is ours to win back; nothing a pyfuse3 filesystem does can be faster than this.
 
-    python -m bench.memfs --source FILE MOUNTPOINT
+    python -m bench.memfs --source FILE [--source FILE ...] MOUNTPOINT
 
-loads FILE into memory and serves it as ``MOUNTPOINT/<basename of FILE>``. It prints
-``memfs: ready`` on stdout once the mount answers, and unmounts on SIGTERM/SIGINT.
+loads each FILE into memory and serves it as ``MOUNTPOINT/<basename of FILE>`` (one flat
+directory, as ``bench.repro``'s shards are). It prints ``memfs: ready`` on stdout once the mount
+answers, and unmounts on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -32,18 +33,26 @@ from fuse_mount.namespace import ATTR_TIMEOUT
 READY_LINE = "memfs: ready"
 """Printed on stdout once the mount answers; ``bench.throughput`` waits for it."""
 
-_FILE_INODE = pyfuse3.ROOT_INODE + 1
+_FIRST_INODE = pyfuse3.ROOT_INODE + 1
+"""The first file's inode; the i-th file's is ``_FIRST_INODE + i``."""
 
 
 class MemoryFilesystem(pyfuse3.Operations):
-    """One read-only file, ``name``, holding ``data``."""
+    """Read-only files in the root directory: ``files`` maps each name to its bytes."""
 
     enable_writeback_cache = False
 
-    def __init__(self, name: str, data: bytes) -> None:
+    def __init__(self, files: dict[str, bytes]) -> None:
         super().__init__()
-        self.name = os.fsencode(name)
-        self.data = data
+        self.names = [os.fsencode(name) for name in files]
+        self.data = list(files.values())
+        self.inodes = {name: _FIRST_INODE + i for i, name in enumerate(self.names)}
+
+    def _file(self, inode: int) -> bytes:
+        index = inode - _FIRST_INODE
+        if not 0 <= index < len(self.data):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.data[index]
 
     def _attributes(self, inode: int) -> pyfuse3.EntryAttributes:
         attr = pyfuse3.EntryAttributes()
@@ -54,7 +63,7 @@ class MemoryFilesystem(pyfuse3.Operations):
         else:
             attr.st_mode = stat.S_IFREG | 0o444
             attr.st_nlink = 1
-            attr.st_size = len(self.data)
+            attr.st_size = len(self._file(inode))
         attr.st_blksize = 4096
         attr.st_blocks = -(-attr.st_size // 512)
         attr.attr_timeout = attr.entry_timeout = ATTR_TIMEOUT
@@ -62,15 +71,13 @@ class MemoryFilesystem(pyfuse3.Operations):
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None
                       ) -> pyfuse3.EntryAttributes:
-        if inode not in (pyfuse3.ROOT_INODE, _FILE_INODE):
-            raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attributes(inode)
 
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
                      ) -> pyfuse3.EntryAttributes:
-        if parent_inode != pyfuse3.ROOT_INODE or name != self.name:
+        if parent_inode != pyfuse3.ROOT_INODE or name not in self.inodes:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        return self._attributes(_FILE_INODE)
+        return self._attributes(self.inodes[name])
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         if inode != pyfuse3.ROOT_INODE:
@@ -78,18 +85,22 @@ class MemoryFilesystem(pyfuse3.Operations):
         return inode
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        if start_id == 0:
-            pyfuse3.readdir_reply(token, self.name, self._attributes(_FILE_INODE), 1)
+        for index in range(start_id, len(self.names)):
+            if not pyfuse3.readdir_reply(token, self.names[index],
+                                         self._attributes(_FIRST_INODE + index), index + 1):
+                return
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        if inode != _FILE_INODE:
+        if inode == pyfuse3.ROOT_INODE:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        self._file(inode)
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise pyfuse3.FUSEError(errno.EROFS)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return self.data[off:off + size]
+        # the open checked fh; no lookup beyond the list's on the hot path
+        return self.data[fh - _FIRST_INODE][off:off + size]
 
 
 async def _serve(mountpoint: str) -> None:
@@ -118,12 +129,18 @@ async def _unmount_on_signal() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.memfs",
                                      description=__doc__.split("\n")[0])
-    parser.add_argument("--source", required=True, help="file whose bytes to serve from memory")
+    parser.add_argument("--source", required=True, action="append",
+                        help="file whose bytes to serve from memory (repeatable)")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
-    with open(args.source, "rb") as f:
-        data = f.read()
-    fs = MemoryFilesystem(os.path.basename(args.source), data)
+    files: dict[str, bytes] = {}
+    for source in args.source:
+        name = os.path.basename(source)
+        if name in files:
+            parser.error(f"two sources named {name!r}")
+        with open(source, "rb") as f:
+            files[name] = f.read()
+    fs = MemoryFilesystem(files)
     # Only the option set matters here; the hub address just names the mount in /proc/mounts.
     cfg = SpokeConfig(hub_host="memfs", hub_port=0, cache_dir="", cache_size=0,
                       mountpoint=args.mountpoint, allow_other=os.geteuid() == 0)

@@ -71,10 +71,13 @@ def spoke(hub_address: str, cache_dir: str, mountpoint: str, *options: str,
 
 
 @contextlib.contextmanager
-def memfs(source: str, mountpoint: str) -> Iterator[str]:
-    """``bench.memfs`` serving ``source`` from memory; yields the served file's path."""
+def memfs(mountpoint: str, *sources: str) -> Iterator[list[str]]:
+    """``bench.memfs`` serving ``sources`` from memory; yields the served files' paths, in the
+    same order."""
     os.makedirs(mountpoint, exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "bench.memfs", "--source", source, mountpoint],
+    proc = subprocess.Popen([sys.executable, "-m", "bench.memfs",
+                             *(arg for source in sources for arg in ("--source", source)),
+                             mountpoint],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     try:
@@ -82,7 +85,7 @@ def memfs(source: str, mountpoint: str) -> Iterator[str]:
         line = proc.stdout.readline().strip()
         if line != READY_LINE:
             raise RuntimeError(f"memfs did not start: {line!r} (exit {proc.poll()})")
-        yield os.path.join(mountpoint, os.path.basename(source))
+        yield [os.path.join(mountpoint, os.path.basename(source)) for source in sources]
     finally:
         stop_process(proc)
         if is_mounted(mountpoint):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
-DAEMON, HUB, FORWARDER, RCLONE, LOADER = ("spoke daemon", "hub", "WAN forwarder", "rclone",
-                                          "loader")
+DAEMON, HUB, FORWARDER, RCLONE, LOADER, MEMFS = ("spoke daemon", "hub", "WAN forwarder", "rclone",
+                                                 "loader", "memfs")
 STOLEN = "stolen by the hypervisor"
 """Not a process: the CPU time this virtual machine's host gave its CPUs to others ("steal" in
 ``/proc/stat``, summed over the CPUs). While that is large, every role here runs less, and
@@ -29,6 +29,7 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     (DAEMON, ("fuse_mount.cache_writer",)),  # the daemon's child: its LMDB writes
     (HUB, ("fuse_mount.cli", "hub")),
     (FORWARDER, ("bench.wan_forwarder",)),
+    (MEMFS, ("bench.memfs",)),
 )
 """A process has a role if its argv holds all these words. rclone is told by its program name,
 so its server on the hub side and its mount on the spoke side count together."""

@@ -14,7 +14,10 @@ namespaces get the node settings of docs/transport.md (``bench.transport.configu
 - spoke cold / warm: ``neuralcache mount`` (daemon in the spoke namespace, hub in the hub
   namespace) over an empty cache, then the daemon restarted over the cache that run left;
 - rclone cold / warm: ``rclone mount :http: --vfs-cache-mode full --vfs-read-ahead 256M`` of
-  ``rclone serve http`` on the hub side, same two states.
+  ``rclone serve http`` on the hub side, same two states;
+- memfs: the shards served from memory by ``bench.memfs``, a minimal pyfuse3 + trio mount on the
+  loader's side (no WAN, no cache, no disk): the most a Python FUSE mount reaches here, the
+  ceiling of the warm spoke's figures.
 
 in three variants: GPU step with sequential order; GPU step with a seeded shuffled order (the
 same permutation for every target; the spoke's runs announce it with ``HintedSampler``); and I/O
@@ -45,15 +48,15 @@ import time
 from dataclasses import asdict, replace
 from typing import Any, Callable, Iterable, Iterator
 
-from bench import proc_cpu, repro_procs
+from bench import mount_procs, proc_cpu, repro_procs
 from bench.mount_procs import drop_page_cache, exit_on_sigterm
 from bench.repro_data import WINDOW_BYTES, ShardLayout, make_dataset
 from bench.repro_diag import Timeline, diagnose, link_model
 from bench.repro_loader import (SEQUENTIAL as ORDER_SEQUENTIAL, SHUFFLED as ORDER_SHUFFLED,
                                 STEP_KINDS, STEP_SLEEP, LoopConfig, run_loop)
 from bench.repro_report import markdown, plot
-from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, RCLONE, SEQUENTIAL, SHUFFLED, SPOKE,
-                                   TARGETS, VARIANTS, Runs, Scenario, scenarios)
+from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, RCLONE, SEQUENTIAL, SHUFFLED,
+                                   SPOKE, TARGETS, VARIANTS, Runs, Scenario, scenarios)
 from bench.repro_stats import (HINT_RECORDS, RunRecord, link_counter, metric_total, metrics_delta,
                                summarize)
 from bench.transport import configure_node
@@ -143,7 +146,7 @@ class Repro:
                              wrap_sampler, probe=self._probe)
         (cpu0, t0, s0), (cpu1, t1, s1) = trace.probes
         trace.probes = []
-        remote = scenario.target != LOCAL
+        remote = scenario.target in (SPOKE, RCLONE)  # reads over the link
         metrics = None
         gauges = ""
         if metrics_port is not None and before is not None:
@@ -238,8 +241,17 @@ class Repro:
                                           self.cache_size, self.rclone_config, log):
                 self.measure(scenario, repeat, mountpoint)
 
+    def run_memfs(self, variant: str, repeat: int) -> None:
+        """The shards from memory through ``bench.memfs``, mounted afresh for every run."""
+        shards = [os.path.join(self.export, self.layout.shard_name(shard))
+                  for shard in range(self.layout.shards)]
+        mountpoint = os.path.join(self.scratch, "memfs-mnt")
+        with mount_procs.memfs(mountpoint, *shards):
+            self.measure(Scenario(variant, MEMFS), repeat, mountpoint)
+
     def run(self, variants: list[str], targets: list[str], repeats: int) -> None:
-        runners = {LOCAL: self.run_local, SPOKE: self.run_spoke, RCLONE: self.run_rclone}
+        runners = {LOCAL: self.run_local, SPOKE: self.run_spoke, RCLONE: self.run_rclone,
+                   MEMFS: self.run_memfs}
         with contextlib.ExitStack() as stack:
             if SPOKE in targets:
                 self.hub_address = stack.enter_context(repro_procs.hub(

@@ -7,9 +7,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, SHUFFLED, SEQUENTIAL, VARIANTS, Check,
-                                   Runs,
-                                   Scenario, checks, per_repeat)
+from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, SHUFFLED, SEQUENTIAL, VARIANTS,
+                                   Check, Runs, Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, GC_SECONDS, HINT_RECORDS, LOOP_DISK_WAITS,
                                PREFETCH_ISSUED, PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES,
                                RunRecord, RunSummary, Spread, cold_start_share, cpu_floor,
@@ -36,7 +35,8 @@ def _summaries(runs: Runs, link_rate_bps: float) -> dict[str, list[RunSummary]]:
 
 
 def _ordered_keys(runs: Runs, variant: str) -> list[str]:
-    order = {LOCAL: 0, "spoke cold": 1, "spoke warm": 2, "rclone cold": 3, "rclone warm": 4}
+    order = {LOCAL: 0, MEMFS: 1, "spoke cold": 2, "spoke warm": 3, "rclone cold": 4,
+             "rclone warm": 5}
     keys = [k for k in runs if Scenario.parse(k).variant == variant]
     return sorted(keys, key=lambda k: order.get(Scenario.parse(k).label, 9))
 
@@ -139,15 +139,19 @@ def _loop_load_cell(records: list[RunRecord]) -> str:
 
 
 def checks_table(found: list[Check]) -> str:
-    lines = ["| target | goal | measured: median [min–max] | rclone, same figure | met |",
-             "|---|---|---|---|---|"]
+    """The targets, rclone's same figure beside each, and memfs's for the warm ones (the column
+    left out of a run without memfs)."""
+    head = ["target", "goal", "measured: median [min–max]", "rclone, same figure",
+            "memfs (the pyfuse3 ceiling), same figure", "met"]
+    body = []
     for c in found:
         scale, digits, unit = (100, 1, " %") if c.unit == "%" else (1, 3, "×")
         goal = f"{'≥' if c.at_least else '≤'} {c.goal * scale:g}{unit}"
         met = {True: "**yes**", False: "**no**", None: "not measured"}[c.met]
-        lines.append(f"| {c.name} | {goal} | {_fmt(spread(c.values), scale, digits, unit)} | "
-                     f"{_fmt(spread(c.peer), scale, digits, unit)} | {met} |")
-    return "\n".join(lines)
+        body.append([c.name, goal, _fmt(spread(c.values), scale, digits, unit),
+                     _fmt(spread(c.peer), scale, digits, unit),
+                     _fmt(spread(c.ceiling), scale, digits, unit), met])
+    return _table(head, body)
 
 
 def extrapolation_table(runs: Runs) -> str:

@@ -200,7 +200,7 @@ class Bench:
 
     def memfs(self) -> None:
         for pattern in (SEQUENTIAL, RANDOM):
-            with mount_procs.memfs(self.data, self.mountpoint) as path:
+            with mount_procs.memfs(self.mountpoint, self.data) as (path,):
                 self._pass(CEILING, pattern, path)
 
     def _spoke_pass(self, hub: Hub, cache: str, target: str, pattern: str) -> None:

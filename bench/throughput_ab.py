@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 spoke_pass(hub, name, SEQUENTIAL)  # cold: fills the tree's cache
             for round_index in range(args.rounds):
                 for pattern in reads:
-                    with mount_procs.memfs(data, mountpoint) as path:
+                    with mount_procs.memfs(mountpoint, data) as (path,):
                         ceiling = run_pass(pattern, path, offsets if pattern == RANDOM else None,
                                            PASS_TIMEOUT)
                     line = [f"round {round_index + 1} {pattern:<10} memfs "

@@ -18,8 +18,8 @@ from bench.repro_data import (TOKEN_DTYPE, TOKENS_PER_WINDOW, WINDOW_BYTES, Shar
                               make_dataset, read_layout)
 from bench.repro_loader import SHUFFLED, LoopConfig, LoopTrace, run_loop
 from bench.repro_report import markdown, rolling_rate
-from bench.repro_scenarios import (COLD, LOCAL, SEQUENTIAL, SPOKE, WARM, Scenario,
-                                   checks)
+from bench.repro_scenarios import (COLD, LOCAL, MEMFS, SEQUENTIAL, SPOKE, WARM, Scenario,
+                                   checks, scenarios)
 from bench.repro_stats import (HITS, LATENCY_BUCKET, LOOP_CPU, LOOP_RUNQUEUE, MISSES,
                                RunRecord, cold_start_share,
                                histogram_quantile, hit_ratio, latency_buckets, metrics_delta,
@@ -187,7 +187,34 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     assert "| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 80 %: 60 % + 20 % |" in text
     assert "| sequential, spoke warm | 0.0 | 0.0 | 0.0 | 0.0 | 0 | – |" in text
     assert "### I/O bound" not in text  # no table for a variant that was not run
+    assert "pyfuse3 ceiling" not in text  # nor a column for a target that was not run
     assert rolling_rate(local.done, 24, window=20)[-1] == pytest.approx(1200)
+
+
+def test_memfs_runs_once_and_stands_beside_the_warm_targets() -> None:
+    assert scenarios(SEQUENTIAL, MEMFS) == [Scenario(SEQUENTIAL, MEMFS)]
+    local, memfs, warm = (Scenario(SEQUENTIAL, t, s) for t, s in
+                          ((LOCAL, None), (MEMFS, None), (SPOKE, WARM)))
+    runs = {local.key: {0: RunRecord(local.key, 0, _trace([0.02] * 200), 4.0)},
+            memfs.key: {0: RunRecord(memfs.key, 0, _trace([0.025] * 200), 5.0)},
+            warm.key: {0: RunRecord(warm.key, 0, _trace([0.04] * 200), 8.0,
+                                    metrics={HITS: 100.0, MISSES: 0.0})}}
+    found = {c.name: c for c in checks(runs, 200e6)}
+    warm_check = found["warm spoke, sequential, GPU step: samples/s vs hub-local"]
+    assert warm_check.values == [pytest.approx(0.5)]
+    assert warm_check.ceiling == [pytest.approx(0.8)]
+    cold_check = found["cold spoke, sequential: whole-run time vs hub-local"]
+    assert cold_check.ceiling == []  # a cache's cold start has no ceiling in memfs
+    text = markdown(runs, 200e6, "header", cores=2)
+    scenario_rows = [line.split(" | ")[0] for line in text.splitlines()
+                     if line.startswith(("| hub-local", "| memfs", "| spoke"))]
+    assert scenario_rows == ["| hub-local", "| memfs", "| spoke warm"]
+    assert "| memfs | " in text and " | 1.250× |" in text
+    targets = text.split("### Targets", 1)[1].split("###", 1)[0]
+    assert "| memfs (the pyfuse3 ceiling), same figure |" in targets
+    assert "rclone" not in targets  # not run
+    assert ("| warm spoke, sequential, GPU step: samples/s vs hub-local | ≥ 0.99× | 0.500× | "
+            "0.800× | **no** |") in targets
 
 
 def test_diagnosis_accounts_for_the_wan_bytes() -> None:
