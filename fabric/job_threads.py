@@ -15,6 +15,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Any, Callable, TypeVar
 
 import outcome
@@ -48,10 +49,16 @@ class JobThreads:
     ``threads`` > 1 serve one queue, for jobs that wait on the disk in parallel; they are never
     bound to the loop's CPU. The threads start on first use and stop at ``close``; calls may
     come from successive ``trio.run``s.
+
+    ``on_wait(seconds)``, if given, is called on the loop after each ``run`` with the time its
+    job spent not running: queued behind other jobs, waiting for the thread to get a CPU and
+    the GIL, and waiting for the loop to take the result back. A thread that is the bottleneck
+    shows there, not in the job's own time.
     """
 
     def __init__(self, *, threads: int = 1, follow_loop_cpu: bool = True,
-                 name: str = "neuralcache-lmdb-reader") -> None:
+                 name: str = "neuralcache-lmdb-reader",
+                 on_wait: Callable[[float], None] | None = None) -> None:
         if threads < 1 or (threads > 1 and follow_loop_cpu):
             raise ValueError("one thread or more; only a single thread follows the loop's CPU")
         self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
@@ -60,15 +67,20 @@ class JobThreads:
         self._name = name
         self._follow = follow_loop_cpu
         self._cpu = -1  # the CPU the thread is bound to, -1 for none
+        self._on_wait = on_wait
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in one of the threads; not cancellable once queued (it is short)."""
         self._start()
         if self._follow:
             self._follow_loop_cpu()
+        queued = time.perf_counter()
         self._jobs.put((fn, args, trio.lowlevel.current_task(),
                         trio.lowlevel.current_trio_token()))
-        return await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+        result, ran = await trio.lowlevel.wait_task_rescheduled(_refuse_abort)
+        if self._on_wait is not None:
+            self._on_wait(time.perf_counter() - queued - ran)
+        return result.unwrap()
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """``fn(*args)`` in one of the threads, with no one waiting for it (advice to the
@@ -113,7 +125,10 @@ class JobThreads:
                 except Exception:
                     log.exception("a posted job (%s) failed", getattr(fn, "__name__", fn))
                 continue
-            token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.capture(fn, *args))
+            started = time.perf_counter()
+            result = outcome.capture(fn, *args)
+            ran = time.perf_counter() - started
+            token.run_sync_soon(trio.lowlevel.reschedule, task, outcome.Value((result, ran)))
 
     def close(self) -> None:
         for _ in self._threads:

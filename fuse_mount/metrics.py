@@ -42,6 +42,12 @@ CACHE_RUN_READS = Counter(
     "neuralcache_cache_run_reads_total",
     "Warm reads of a run of cached blocks from LMDB, by where they ran: 'inline' on the event "
     "loop (short, every page in RAM) or handed to the 'reader_thread'.", ["path"])
+CACHE_READER_WAIT = Histogram(
+    "neuralcache_cache_reader_wait_seconds",
+    "Time a read handed to the cache's reader thread spent not being read: queued behind "
+    "other reads, waiting for the thread to get a CPU, and for the event loop to take the "
+    "result back.",
+    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1))
 CACHE_USED_BYTES = Gauge("neuralcache_cache_used_bytes", "Block bytes held in the cache.")
 CACHE_CAPACITY_BYTES = Gauge("neuralcache_cache_capacity_bytes", "The cache's size limit.")
 CACHE_BLOCKS = Gauge("neuralcache_cache_blocks", "Blocks held in the cache.")

@@ -1,7 +1,9 @@
 """JobThreads: results and errors come back to the loop, several threads work in parallel,
-a posted job runs with no one waiting, and close stops them."""
+a posted job runs with no one waiting, a job's time spent waiting is told apart from its
+running, and close stops them."""
 
 import threading
+import time
 
 import pytest
 import trio
@@ -70,3 +72,35 @@ def test_a_posted_job_runs_with_no_one_waiting_and_its_error_is_logged(
 def test_only_a_single_thread_follows_the_loops_cpu() -> None:
     with pytest.raises(ValueError):
         JobThreads(threads=2)
+
+
+def test_the_time_a_job_waits_behind_another_is_reported_apart_from_its_own() -> None:
+    waits: list[float] = []
+    hold = 0.3  # seconds the first job keeps the one thread
+    reader = JobThreads(follow_loop_cpu=False, name="test-wait", on_wait=waits.append)
+    first_running = threading.Event()
+
+    def slow() -> str:
+        first_running.set()
+        time.sleep(hold)
+        return "slow"
+
+    def fail() -> None:
+        raise ValueError("after the wait")
+
+    async def main() -> None:
+        async def second() -> None:
+            await trio.to_thread.run_sync(first_running.wait)
+            with pytest.raises(ValueError, match="after the wait"):
+                await reader.run(fail)  # queued behind the slow one
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(second)
+            assert await reader.run(slow) == "slow"
+    trio.run(main)
+    reader.close()
+    # (trio may resume either task first.) The slow job's own run is not in its wait; the
+    # failed job, queued once the slow one had started, waited for most of it.
+    shorter, longer = sorted(waits)
+    assert 0 <= shorter < hold / 2
+    assert hold / 2 < longer < hold * 2
