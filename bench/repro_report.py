@@ -11,7 +11,8 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, SHUFFLED, SEQUE
                                    Check, Runs, Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, GC_SECONDS, HINT_RECORDS, LOOP_DISK_WAITS,
                                PREFETCH_ISSUED, PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES,
-                               RunRecord, RunSummary, Spread, cold_start_share, cpu_floor,
+                               READER_WAIT_BUCKET, RunRecord, RunSummary, Spread,
+                               cold_start_share, cpu_floor, histogram_quantile, latency_buckets,
                                loop_load, metric_total, spread, summarize, total_seconds,
                                window_rate)
 
@@ -92,13 +93,14 @@ def _table(head: list[str], body: list[list[str]]) -> str:
 
 
 def spoke_table(runs: Runs) -> str:
-    """Where the spoke's bytes came from, what its prefetcher did and how busy its event loop
-    was (how often it waited for the disk, how long the collector ran: "–" for runs from before
-    those were counted), per spoke scenario."""
+    """Where the spoke's bytes came from, what its prefetcher did, how busy its event loop
+    was (how often it waited for the disk, how long the collector ran) and how long reads
+    waited for the cache's reader thread ("–" for runs from before those were counted), per
+    spoke scenario."""
     head = ["scenario", "read from cache (MB)", "served from hub fetches (MB)",
             "prefetch issued (MB)", "prefetch useful (MB)", "hint records",
             "daemon's event loop: on a CPU + waiting for one", "its waits for the disk",
-            "garbage collection (s)"]
+            "garbage collection (s)", "reads' wait for the reader thread p50 / p99 (ms)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in VARIANTS:
         for key in _ordered_keys(runs, variant):
@@ -117,8 +119,20 @@ def spoke_table(runs: Runs) -> str:
                 col(HINT_RECORDS, scale=1, digits=0),
                 _loop_load_cell(records),
                 _fmt(spread(d.get(LOOP_DISK_WAITS) for d in deltas), 1, 0),
-                _fmt(spread(_gc_seconds(d) for d in deltas), 1, 2)]) + " |")
+                _fmt(spread(_gc_seconds(d) for d in deltas), 1, 2),
+                _reader_wait_cell(deltas)]) + " |")
     return "\n".join(lines)
+
+
+def _reader_wait_cell(deltas: list[dict[str, float]]) -> str:
+    """"p50 / p99" of ``neuralcache_cache_reader_wait_seconds``, each a spread over the runs
+    ("–" if no read went to the reader thread, or the run is from before it was counted)."""
+    buckets = [latency_buckets(d, READER_WAIT_BUCKET) for d in deltas]
+    p50 = spread(histogram_quantile(b, 0.5) for b in buckets)
+    if p50 is None:
+        return "–"
+    p99 = spread(histogram_quantile(b, 0.99) for b in buckets)
+    return f"{_fmt(p50, MS, 2)} / {_fmt(p99, MS, 1)}"
 
 
 def _gc_seconds(delta: dict[str, float]) -> float | None:

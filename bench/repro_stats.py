@@ -59,11 +59,13 @@ RUN_READS = "neuralcache_cache_run_reads_total"
 thread."""
 OPENS = "neuralcache_opens_total"
 """Opens of data files by the readahead they got: warm (wholly cached) or cold."""
+READER_WAIT_BUCKET = "neuralcache_cache_reader_wait_seconds_bucket"
+"""How long reads handed to the cache's reader thread waited for it and back (histogram)."""
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
                 EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, DISPATCH_WAIT,
                 *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS, GC_SECONDS,
-                RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS)
+                RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS, READER_WAIT_BUCKET)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 
@@ -181,11 +183,13 @@ def cpu_floor(record: RunRecord, cores: int) -> float | None:
     return max(total / cores, cpu.get(DAEMON_LOOP, 0.0))
 
 
-def latency_buckets(delta: dict[str, float]) -> list[tuple[float, float]]:
-    """The read-latency histogram over every source: sorted (upper bound, cumulative count)."""
+def latency_buckets(delta: dict[str, float], name: str = LATENCY_BUCKET
+                    ) -> list[tuple[float, float]]:
+    """The histogram ``name`` (its ``_bucket`` series; by default the read latency) over every
+    label but ``le``: sorted (upper bound, cumulative count)."""
     counts: dict[float, float] = {}
     for key, value in delta.items():
-        if _name(key) == LATENCY_BUCKET:
+        if _name(key) == name:
             le = float(_labels(key)["le"])
             counts[le] = counts.get(le, 0.0) + value
     return sorted(counts.items())

@@ -21,7 +21,7 @@ from bench.repro_report import markdown, rolling_rate
 from bench.repro_scenarios import (COLD, LOCAL, MEMFS, SEQUENTIAL, SPOKE, WARM, Scenario,
                                    checks, scenarios)
 from bench.repro_stats import (HITS, LATENCY_BUCKET, LOOP_CPU, LOOP_RUNQUEUE, MISSES,
-                               RunRecord, cold_start_share,
+                               READER_WAIT_BUCKET, RunRecord, cold_start_share,
                                histogram_quantile, hit_ratio, latency_buckets, metrics_delta,
                                summarize, waiting_share, window_rate)
 
@@ -166,7 +166,10 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
             cpu_seconds={LOADER: 3.0, DAEMON: 4.0, DAEMON_LOOP: 3.0, HUB: 1.0, FORWARDER: 1.0})},
         Scenario(SEQUENTIAL, SPOKE, WARM).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, WARM).key, 0, local, 4.0, wan_down_bytes=0,
-            wan_up_bytes=0, metrics={HITS: 100.0, MISSES: 0.0},
+            wan_up_bytes=0, metrics={HITS: 100.0, MISSES: 0.0,
+                                     f'{READER_WAIT_BUCKET}{{le="0.001"}}': 50.0,
+                                     f'{READER_WAIT_BUCKET}{{le="0.0025"}}': 100.0,
+                                     f'{READER_WAIT_BUCKET}{{le="+Inf"}}': 100.0},
             cpu_seconds={LOADER: 1.0, DAEMON: 4.0, DAEMON_LOOP: 3.8})},
     }
     found = {c.name: c for c in checks(runs, 200e6)}
@@ -184,8 +187,12 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     assert "| 4.0 | 1.000× | 0.950× |" in text
     # The cold run's loop ran 3 s of its 5 s and waited 1 s for a core; the warm run's daemon
     # did not report its loop.
-    assert "| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 80 %: 60 % + 20 % |" in text
-    assert "| sequential, spoke warm | 0.0 | 0.0 | 0.0 | 0.0 | 0 | – |" in text
+    # ... and no read went to the reader thread in the cold run: its last cell is empty too.
+    assert ("| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 80 %: 60 % + 20 % | – | – | – |"
+            in text)
+    # Half the warm run's reader thread waits under 1 ms, the rest under 2.5: p99 in between.
+    assert ("| sequential, spoke warm | 0.0 | 0.0 | 0.0 | 0.0 | 0 | – | – | – | 1.00 / 2.5 |"
+            in text)
     assert "### I/O bound" not in text  # no table for a variant that was not run
     assert "pyfuse3 ceiling" not in text  # nor a column for a target that was not run
     assert rolling_rate(local.done, 24, window=20)[-1] == pytest.approx(1200)
