@@ -16,8 +16,8 @@ namespaces get the node settings of docs/transport.md (``bench.transport.configu
 - rclone cold / warm: ``rclone mount :http: --vfs-cache-mode full --vfs-read-ahead 256M`` of
   ``rclone serve http`` on the hub side, same two states;
 - memfs: the shards served from memory by ``bench.memfs``, a minimal pyfuse3 + trio mount on the
-  loader's side (no WAN, no cache, no disk): the most a Python FUSE mount reaches here, the
-  ceiling of the warm spoke's figures.
+  loader's side (no WAN, no cache, no disk): what a Python FUSE mount reaches here at most,
+  the ceiling of the warm spoke's figures (up to the runs' noise).
 
 in three variants: GPU step with sequential order; GPU step with a seeded shuffled order (the
 same permutation for every target; the spoke's runs announce it with ``HintedSampler``); and I/O

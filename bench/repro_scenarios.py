@@ -17,8 +17,9 @@ RCLONE = "rclone"
 """``rclone mount --vfs-cache-mode full`` of ``rclone serve http`` over the emulated WAN."""
 MEMFS = "memfs"
 """The export's shards served from memory by ``bench.memfs``, a minimal pyfuse3 + trio
-filesystem mounted on the loader's side: no WAN, no cache, no disk. Nothing a pyfuse3 mount
-does can outrun it here, so its ratios to hub-local are the ceiling of the warm spoke's."""
+filesystem mounted on the loader's side: no WAN, no cache, no disk. A pyfuse3 mount does no
+less work per read, so its ratios to hub-local are the ceiling of the warm spoke's (beyond a
+run's noise, which in the GPU-step variants is as large as the gap)."""
 TARGETS = (LOCAL, SPOKE, RCLONE, MEMFS)
 UNCACHED = (LOCAL, MEMFS)
 """Targets that run once per variant: they have no cache to be cold or warm."""
