@@ -1,4 +1,4 @@
-"""CPU time by role (spoke daemon, hub, WAN forwarder, rclone, the loader), read from ``/proc``.
+"""CPU time by role (spoke daemon, hub, WAN forwarder, rclone, memfs, loader), from ``/proc``.
 
 Everything a ``bench.repro`` run starts shares the machine's cores, and the spoke daemon's event
 loop is one thread: when a cold run's loader waits, the split of CPU between the daemon, the
