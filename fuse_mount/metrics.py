@@ -111,6 +111,10 @@ PREFETCH_INFLIGHT_BYTES = Gauge(
 PREFETCH_EVENTS_DROPPED = Counter(
     "neuralcache_prefetch_events_dropped_total",
     "Reads not shown to the prefetcher because its queue was full (it fell behind).")
+PREFETCH_READS_UNWATCHED = Counter(
+    "neuralcache_prefetch_reads_unwatched_total",
+    "Reads not shown to the prefetcher because there was nothing to fetch: every block of the "
+    "snapshot cached, every prefetch accounted for, no hints.")
 PREFETCH_CPU_SECONDS = Counter(
     "neuralcache_prefetch_cpu_seconds_total",
     "Time spent on prefetching by stage: 'queue' on the read path (handing the read over), "

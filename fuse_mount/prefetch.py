@@ -15,6 +15,11 @@ tick for a batch of reads rather than once per read), not what it learns. A read
 continues the previous read of its handle (a sequential stream) is merged into it while the
 pump has not taken it. With a trace recorded, reads are queued but never merged.
 
+Once there is nothing left to fetch, reads are not queued at all (``PrefetchPump.idle``): the
+cache holds every block of the snapshot, every prefetch is accounted for and no job sent hints.
+A read then costs the pump nothing: watching a warm pass of random 16 KiB reads had cost the
+daemon a tenth of its CPU per read (docs/throughput.md, session 49).
+
 Prefetches go through the BlockFetcher's single-flight map at prefetch priority, so a reader
 that reaches a block whose prefetch is on its way waits for that fetch; the bytes in flight
 are the planner's own budget (one bandwidth-delay product plus a short queue), which each
@@ -155,8 +160,11 @@ class PrefetchPump:
             self.prefetcher = Prefetcher(catalog_of(namespace),
                                          MountCacheView(namespace, cache, fetcher), link=link)
             cache.watch(self._dropped, self._protected)
+        self._snapshot_blocks = namespace.total_blocks
+        self._hints_seen = False
         self._inbox: collections.deque[tuple[Any, ...]] = collections.deque()
         self._queued_reads = 0
+        self._unwatched_reads = 0  # published on the tick (cheap on the path)
         self._stream_end: tuple[int, int, int] | None = None  # last read's (handle, file, end)
         fetcher.on_miss = self.wake
         self._wake = trio.Event()
@@ -171,8 +179,12 @@ class PrefetchPump:
     def on_read(self, fh: int, entry: MetaEntry, offset: int, length: int) -> None:
         """A read arrived; queue it for the pump (see the module docstring). This is all a
         read pays."""
-        if self.prefetcher is None and self._trace is None:
-            return  # --no-prefetch without a trace: nobody wants the read
+        if self._trace is None:  # else the trace wants every read
+            if self.prefetcher is None:
+                return  # --no-prefetch: nobody wants the read
+            if self.idle():
+                self._unwatched_reads += 1
+                return
         started = time.perf_counter()
         continues = self._stream_end == (fh, entry.file_id, offset)
         self._stream_end = (fh, entry.file_id, offset + length)
@@ -190,12 +202,23 @@ class PrefetchPump:
         self._queued_reads += 1
         self._queue_seconds += time.perf_counter() - started
 
+    def idle(self) -> bool:
+        """Whether the prefetcher has nothing to do with reads: the cache holds every block of
+        the snapshot (at mount it dropped every block the snapshot does not name, and fetches
+        only ever add the snapshot's, so counting them is enough), every prefetch so far is
+        accounted for, so no count can change, and no hints came, whose windows page cached
+        blocks in ahead of the reader. An eviction or a ``cache drop`` ends it."""
+        assert self.prefetcher is not None
+        return (not self._hints_seen and len(self._cache.policy) >= self._snapshot_blocks
+                and self.prefetcher.settled())
+
     def wake(self) -> None:
         """Hand the queued reads to the prefetcher now (a read missed: it may be behind)."""
         self._wake.set()
 
     def on_hints(self, record: HintRecord) -> None:
         """A hint record decoded from the control file."""
+        self._hints_seen = True
         self._inbox.append((_HINTS, trio.current_time(), record))
         self._wake.set()
 
@@ -325,6 +348,8 @@ class PrefetchPump:
                 self._advance(metrics.PREFETCH_PREDICTOR_USEFUL_BYTES.labels(predictor),
                               useful * BLOCK_SIZE)
             metrics.PREFETCH_INFLIGHT_BYTES.set(stats.inflight_blocks * BLOCK_SIZE)
+        metrics.PREFETCH_READS_UNWATCHED.inc(self._unwatched_reads)
+        self._unwatched_reads = 0
         metrics.PREFETCH_CPU_SECONDS.labels("queue").inc(self._queue_seconds)
         metrics.PREFETCH_CPU_SECONDS.labels("predict").inc(self._predict_seconds)
         self._queue_seconds = self._predict_seconds = 0.0

@@ -361,6 +361,11 @@ class Planner:
         key = block_key(file_id, block)
         return key in self._unused or key in self._inflight
 
+    def settled(self) -> bool:
+        """Nothing issued is on its way or unread: every prefetch so far is accounted for
+        (useful, late, failed or wasted), so reads from now on can change no count."""
+        return not self._unused and not self._inflight and not self._requests
+
     def stats(self) -> PrefetchStats:
         """A snapshot of the counters."""
         s = self._stats

@@ -170,6 +170,11 @@ class Prefetcher:
         """The cache should not evict this block: it was prefetched and is about to be read."""
         return self.planner.is_protected(file_id, block)
 
+    def settled(self) -> bool:
+        """No prefetch is on its way and every prefetched block has been read or written off
+        (``Planner.settled``)."""
+        return self.planner.settled()
+
     def stats(self) -> PrefetchStats:
         """Issued/useful/late/wasted counts (blocks; ``*_bytes`` properties for bytes)."""
         return self.planner.stats()

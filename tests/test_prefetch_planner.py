@@ -87,6 +87,24 @@ def test_useful_late_and_wasted_accounting():
     assert s.unused_blocks == 4 and s.inflight_blocks == 0 and s.per_source["stride"] == [24, 8]
 
 
+def test_settled_once_every_prefetch_is_read_or_written_off():
+    """The mount stops showing reads to a settled prefetcher: it must not be settled while a
+    read could still count a block useful or late."""
+    planner = _planner()
+    assert planner.settled()
+    planner.offer(ListWindow([(1, 0, 8), (1, 8, 16)]))
+    a, b = planner.plan(0.0, 0.5)
+    assert not planner.settled()  # in flight
+    planner.on_complete(0.1, a, True)
+    planner.on_complete(0.1, b, True)
+    assert not planner.settled()  # arrived, unread
+    planner.on_read(1, 0, 8)
+    assert not planner.settled()
+    planner.on_evicted(1, 8, 16)  # the rest evicted unread: wasted
+    assert planner.settled()
+    assert planner.stats().useful_blocks == 8 and planner.stats().wasted_blocks == 8
+
+
 def test_far_guesses_only_use_free_space_and_near_ones_a_share_of_the_cache():
     cache = DictCache(capacity=1 << 20)
     cache.keys.update((2 << 40) | b for b in range(200))  # 800 KiB of the 1 MiB used

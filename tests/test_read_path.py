@@ -158,6 +158,47 @@ def test_hits_reach_the_prefetcher_on_the_tick_merged_and_misses_at_once(tmp_pat
     cache.close()
 
 
+def test_reads_go_unwatched_while_there_is_nothing_to_fetch(tmp_path: Path) -> None:
+    """Every block of the snapshot cached, no prefetch outstanding and no hints: reads are only
+    counted. A block missing again, or hints, and reads are shown to the prefetcher again."""
+    cache = open_cache(tmp_path)
+    seen: list[AccessEvent] = []
+    unwatched = metric("neuralcache_prefetch_reads_unwatched_total")
+
+    async def main() -> None:
+        fill(cache, range(10))  # all but the short last block
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
+                                   hub_timeout=5.0)
+            pump = PrefetchPump(Namespace([ROOT, ENTRY]), cache, fetcher, prefetch=True,
+                                link=LinkEstimate(25e6, 0.06))
+            assert pump.prefetcher is not None
+            pump.prefetcher.observe = (  # type: ignore[method-assign]
+                lambda now, event: seen.append(event))
+            pump.prefetcher.on_hints = lambda now, record: []  # type: ignore[method-assign]
+            await nursery.start(pump.run)
+
+            async def read(block: int) -> None:
+                pump.on_read(1, ENTRY, block * BLOCK_SIZE, BLOCK_SIZE)
+                await trio.sleep(TICK_INTERVAL)  # a tick: the pump drains and publishes
+
+            await read(0)  # the last block is not cached
+            fill(cache, [10])
+            await read(1)
+            cache.drop([BlockKey(ENTRY.file_id, ENTRY.version, 3)])
+            await read(2)
+            fill(cache, [3])
+            await read(4)
+            pump.on_hints(object())  # type: ignore[arg-type]
+            await read(5)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    cache.close()
+    assert [event.offset // BLOCK_SIZE for event in seen] == [0, 2, 5]
+    assert metric("neuralcache_prefetch_reads_unwatched_total") == unwatched + 2
+
+
 def test_a_prefetch_around_cached_blocks_reports_once_when_all_its_fetches_are_in(
         tmp_path: Path) -> None:
     """``start_prefetch`` starts one fetch per missing run and calls back once, after the last;
