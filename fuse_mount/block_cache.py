@@ -42,10 +42,10 @@ thread that hands the batch to the writer), and the transaction quick."""
 STAMPS_PENDING_MAX = 1 << 20
 """Last-use stamps held in memory before the writer is woken to write them on their own. They
 ride along with the puts, and a warm mount puts nothing: over an epoch read from the cache they
-would wait for the unmount, a dict entry per block read (half the index's memory again), and
-make its flush one transaction of them all. At this many (4 GiB of blocks, ~110 MB) the writer
-writes batch after batch, without gathering for ``FLUSH_INTERVAL``, until fewer wait; a pass
-over a smaller cache never wakes it."""
+would wait for the unmount and make its flush one transaction of them all. At this many (4 GiB
+of blocks) the writer writes batch after batch, without gathering for ``FLUSH_INTERVAL``, until
+fewer wait; a pass over a smaller cache never wakes it. The stamps of a run read whole wait as
+one entry (``BlockCache._touch_run``), others as a dict entry each (~110 bytes)."""
 
 INLINE_MAX_BLOCKS = 64
 """Longest run (256 KiB) served on the event loop when its pages are in RAM. A 16 KiB read
@@ -92,6 +92,10 @@ class BlockCache:
         self._ops: dict[int, bytes | None] = {}  # not yet handed to the writer
         self._writing: dict[int, bytes | None] = {}  # being written right now
         self._stamps: dict[int, int] = {}
+        self._stamp_runs: deque[tuple[range, int]] = deque()
+        """Stamps of warm runs not yet in ``_stamps``: each run's keys and its first key's
+        stamp, oldest first, every one younger than the stamps in ``_stamps`` (``_touch_run``)."""
+        self._run_stamps = 0  # how many stamps ``_stamp_runs`` holds
         self._stale: dict[int, None] = {}
         """Keys of a failed batch (see ``_drop_unwritten``), whose rows LMDB may hold though the
         cache no longer counts them: deleted with the next batch."""
@@ -169,6 +173,7 @@ class BlockCache:
         self._ops[key] = data
         self._addresses.pop(key, None)
         if data is _DELETED:
+            self._settle_runs()
             self._stamps.pop(key, None)
         self._work.set()
 
@@ -203,10 +208,42 @@ class BlockCache:
         """Give ``keys`` the next last-use stamps, in order. They ride along with the next batch
         of puts (or the flush at unmount): waking the writer for every hit would put a write
         transaction behind each warm read."""
+        self._settle_runs()
         self._stamps.update(zip(keys, itertools.count(self._clock + 1)))
         self._clock += len(keys)
-        if len(self._stamps) >= STAMPS_PENDING_MAX:
+        if self._pending_stamps() >= STAMPS_PENDING_MAX:
             self._work.set()
+
+    def _touch_run(self, keys: range) -> None:
+        """``_touch`` of a run read whole: if every key is held, its stamps are kept as one
+        entry of ``_stamp_runs`` until a batch takes them or something else stamps or drops a
+        key (``_settle_runs``). Put into ``_stamps`` one by one, on a warm mount each of a run's
+        256 inserts went into a dict of hundreds of thousands of keys: the daemon spent about
+        15 us more CPU per 1 MiB read (docs/throughput.md, session 49), and the pending
+        stamps took a dict entry each."""
+        held = self.policy.touch_many(keys)
+        if held is not keys:
+            self._stamp(held)
+            return
+        self._stamp_runs.append((keys, self._clock + 1))
+        self._clock += len(keys)
+        self._run_stamps += len(keys)
+        if self._pending_stamps() >= STAMPS_PENDING_MAX:
+            self._work.set()
+
+    def _settle_runs(self, limit: int | None = None) -> None:
+        """Move the stamps of ``_stamp_runs`` into ``_stamps``, oldest first, until it holds
+        ``limit`` (all of them if None). Done in full before anything else stamps or drops a
+        key, so that ``_stamps`` always holds what stamping each key at once would have left,
+        and the runs' stamps are younger than all of it."""
+        runs, stamps = self._stamp_runs, self._stamps
+        while runs and (limit is None or len(stamps) < limit):
+            keys, first = runs.popleft()
+            stamps.update(zip(keys, itertools.count(first)))
+            self._run_stamps -= len(keys)
+
+    def _pending_stamps(self) -> int:
+        return len(self._stamps) + self._run_stamps
 
     def _touch(self, keys: Iterable[int]) -> None:
         """Record a use of the held ones among ``keys``, in order.
@@ -278,7 +315,7 @@ class BlockCache:
         if data is not None:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
             # meanwhile: keys name one version, and every checksum was verified.
-            self._touch(keys)
+            self._touch_run(keys)
         return data
 
     def _continues(self, keys: range) -> bool:
@@ -425,7 +462,7 @@ class BlockCache:
         task_status.started()
         while True:
             await self._work.wait()
-            if len(self._stamps) < STAMPS_PENDING_MAX:
+            if self._pending_stamps() < STAMPS_PENDING_MAX:
                 await trio.sleep(FLUSH_INTERVAL)
             await self._write_one_batch()
 
@@ -466,7 +503,7 @@ class BlockCache:
                                    if k not in self._ops and k in self.policy)
         finally:
             self._writing = {}
-        if not self._ops and len(self._stamps) < STAMPS_PENDING_MAX:
+        if not self._ops and self._pending_stamps() < STAMPS_PENDING_MAX:
             self._work = trio.Event()
 
     def _take_stamps(self, batch: dict[int, bytes | None]) -> dict[int, int]:
@@ -481,6 +518,7 @@ class BlockCache:
         """
         pending = self._stamps
         own = {key: pending.pop(key) for key in batch.keys() & pending.keys()}
+        self._settle_runs(MAX_BATCH_STAMPS)  # the runs' are younger than any in ``pending``
         taken = dict(itertools.islice(pending.items(), MAX_BATCH_STAMPS))
         deque(map(pending.__delitem__, taken), maxlen=0)
         for key in taken.keys() & self._ops.keys():
@@ -525,7 +563,7 @@ class BlockCache:
     async def flush(self) -> None:
         """Wait until everything put so far is on disk (used at shutdown and by tests); rows a
         failed batch may have left get one more try."""
-        while self._ops or self._stamps:
+        while self._ops or self._stamps or self._stamp_runs:
             await self._write_one_batch()
         if self._stale:
             await self._write_one_batch()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from types import MappingProxyType
-from typing import Callable, Hashable, Iterable, Mapping
+from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 
 class LruPolicy:
@@ -47,8 +47,9 @@ class LruPolicy:
         if key in self._sizes:
             self._sizes.move_to_end(key)
 
-    def touch_many(self, keys: Iterable[Hashable]) -> list[Hashable]:
-        """Mark the held ones among ``keys`` as just used, in the given order; returns them.
+    def touch_many(self, keys: Sequence[Hashable]) -> Sequence[Hashable]:
+        """Mark the held ones among ``keys`` as just used, in the given order; returns them
+        (``keys`` itself if every one is held).
 
         The same as ``touch`` on each key, run in C: a 1 MiB read touches 256 blocks, and a
         Python-level call per block was a sizeable part of its cost. Usually every key is
@@ -56,15 +57,14 @@ class LruPolicy:
         again, the held ones alone, which leaves the same order (each held key moved last in
         turn).
         """
-        touched = list(keys)
         move = self._sizes.move_to_end
         try:
-            deque(map(move, touched), maxlen=0)
+            deque(map(move, keys), maxlen=0)
         except KeyError:
-            held = list(filter(self._sizes.__contains__, touched))
+            held = list(filter(self._sizes.__contains__, keys))
             deque(map(move, held), maxlen=0)
             return held
-        return touched
+        return keys
 
     def insert(self, key: Hashable, size: int,
                protected: Callable[[Hashable], bool] | None = None) -> list[Hashable]:

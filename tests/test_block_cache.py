@@ -275,7 +275,7 @@ def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
             for key in reversed(keys):  # newest first: the reverse of the order they were put
                 assert await cache.read_run(*key, 1) == block_bytes(key, BLOCK_SIZE, 0)
             with trio.fail_after(30):  # a bound on a hang; 60 s of gathering would pass it
-                while len(cache._stamps) >= 8:
+                while cache._pending_stamps() >= 8:
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     run(main)
@@ -287,6 +287,31 @@ def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
     # Blocks whose new stamps were written are the most recent, in the order they were read;
     # the few left pending keep the order they were put in.
     assert any(order == keys[:left] + keys[left:][::-1] for left in range(8))
+
+
+def test_runs_read_whole_are_stamped_as_if_block_by_block(tmp_path: Path) -> None:
+    """A run read whole keeps its stamps as one entry until they are written; a touch, a drop
+    or a put in between must still see them in read order, and the order survives a remount."""
+    keys = [BlockKey(1, 1, b) for b in range(16)]
+    capacity = len(keys) * BLOCK_SIZE
+    cache = open_cache(tmp_path, capacity)
+    fill(cache, keys)
+
+    async def main() -> None:
+        assert await cache.read_run(1, 1, 0, 8) is not None
+        assert set(await cache.get_many([keys[3]])) == {keys[3]}  # stamped after the run
+        assert await cache.read_run(1, 1, 8, 8) is not None
+        assert cache.drop([keys[10]]) == 1
+        assert await cache.read_run(1, 1, 4, 2) is not None  # read again: newest
+        await cache.flush()
+
+    run(main)
+    expected = [0, 1, 2, 6, 7, 3, 8, 9, 11, 12, 13, 14, 15, 4, 5]
+    assert [k.block for k in cache.held_keys()] == expected
+    cache.close()
+    reopened = open_cache(tmp_path, capacity)
+    assert [k.block for k in reopened.held_keys()] == expected
+    reopened.close()
 
 
 def test_a_put_is_written_with_its_stamp_however_many_others_wait(
