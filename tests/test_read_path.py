@@ -113,20 +113,28 @@ def test_a_read_missing_one_block_asks_the_hub_for_it_and_says_so(tmp_path: Path
     assert hub.reads == [(1, 1)] and misses == [None]
 
 
+async def start_pump(cache: BlockCache, nursery: trio.Nursery,
+                     observe: Callable[[float, AccessEvent], None]
+                     ) -> tuple[PrefetchPump, BlockFetcher]:
+    """A running pump over ``cache`` for ENTRY, its prefetcher's ``observe`` replaced by
+    ``observe``, and the fetcher it is wired to."""
+    fetcher = BlockFetcher(cache, FakeHub(), nursery, hub_timeout=5.0)  # type: ignore[arg-type]
+    pump = PrefetchPump(Namespace([ROOT, ENTRY]), cache, fetcher, prefetch=True,
+                        link=LinkEstimate(25e6, 0.06))
+    assert pump.prefetcher is not None
+    pump.prefetcher.observe = observe  # type: ignore[method-assign]
+    await nursery.start(pump.run)
+    return pump, fetcher
+
+
 def test_hits_reach_the_prefetcher_on_the_tick_merged_and_misses_at_once(tmp_path: Path) -> None:
     cache = open_cache(tmp_path)
     seen: list[tuple[float, AccessEvent]] = []
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
-                                   hub_timeout=5.0)
-            pump = PrefetchPump(Namespace([ROOT, ENTRY]), cache, fetcher, prefetch=True,
-                                link=LinkEstimate(25e6, 0.06))
-            assert pump.prefetcher is not None
-            pump.prefetcher.observe = (  # type: ignore[method-assign]
-                lambda now, event: seen.append((now, event)))
-            await nursery.start(pump.run)
+            pump, fetcher = await start_pump(cache, nursery,
+                                             lambda now, event: seen.append((now, event)))
             await trio.sleep(TICK_INTERVAL / 2)  # between two ticks
             started = trio.current_time()
 
@@ -168,15 +176,9 @@ def test_reads_go_unwatched_while_there_is_nothing_to_fetch(tmp_path: Path) -> N
     async def main() -> None:
         fill(cache, range(10))  # all but the short last block
         async with trio.open_nursery() as nursery:
-            fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
-                                   hub_timeout=5.0)
-            pump = PrefetchPump(Namespace([ROOT, ENTRY]), cache, fetcher, prefetch=True,
-                                link=LinkEstimate(25e6, 0.06))
+            pump, _ = await start_pump(cache, nursery, lambda now, event: seen.append(event))
             assert pump.prefetcher is not None
-            pump.prefetcher.observe = (  # type: ignore[method-assign]
-                lambda now, event: seen.append(event))
             pump.prefetcher.on_hints = lambda now, record: []  # type: ignore[method-assign]
-            await nursery.start(pump.run)
 
             async def read(block: int) -> None:
                 pump.on_read(1, ENTRY, block * BLOCK_SIZE, BLOCK_SIZE)
