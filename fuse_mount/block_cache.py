@@ -215,16 +215,17 @@ class BlockCache:
             self._work.set()
 
     def _touch_run(self, keys: range) -> None:
-        """``_touch`` of a run read whole: if every key is held, its stamps are kept as one
-        entry of ``_stamp_runs`` until a batch takes them or something else stamps or drops a
-        key (``_settle_runs``). Put into ``_stamps`` one by one, on a warm mount each of a run's
-        256 inserts went into a dict of hundreds of thousands of keys: the daemon spent about
-        15 us more CPU per 1 MiB read (docs/throughput.md, session 49), and the pending
-        stamps took a dict entry each."""
-        held = self.policy.touch_many(keys)
-        if held is not keys:
-            self._stamp(held)
-            return
+        """``_touch`` of a run read whole, in bulk: the LRU's moves wait until its order is
+        needed (``LruPolicy.touch_later``: a warm mount that evicts nothing never makes them),
+        and the run's stamps wait as one entry of ``_stamp_runs`` until a batch takes them or
+        something else stamps or drops a key (``_settle_runs``). Block by block, both had cost
+        the event loop a dict look-up per block, in dicts of every block held or read, on a
+        warm mount (docs/throughput.md, session 49).
+
+        The run's keys are not checked: one evicted or dropped while the run was read gets a
+        stamp here, for which ``_write_batch`` writes no row (it is not held), and which a
+        later put of it outdates."""
+        self.policy.touch_later(keys)
         self._stamp_runs.append((keys, self._clock + 1))
         self._clock += len(keys)
         self._run_stamps += len(keys)

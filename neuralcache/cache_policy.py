@@ -12,6 +12,11 @@ from types import MappingProxyType
 from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 
+TOUCHES_LATER_MAX = 1 << 20
+"""Keys ``touch_later`` may hold back before it moves the oldest of them: a bound on the memory
+of a long run of hits that never needs the order (one entry per run, not per key)."""
+
+
 class LruPolicy:
     """Tracks cached keys and their sizes; evicts the least recently used past ``capacity``."""
 
@@ -30,6 +35,8 @@ class LruPolicy:
         """``key in policy`` as a plain function, for callers that ask block by block."""
         self.sizes: Mapping[Hashable, int] = MappingProxyType(self._sizes)
         """Held keys and their sizes, read-only."""
+        self._later: deque[Sequence[Hashable]] = deque()  # ``touch_later``'s, oldest first
+        self._later_keys = 0
 
     def held_in(self, group: Hashable) -> int:
         """How many held keys are in ``group``: whether a whole file is cached, at the cost of
@@ -44,6 +51,7 @@ class LruPolicy:
 
     def touch(self, key: Hashable) -> None:
         """Mark ``key`` as just used (a no-op for keys not held)."""
+        self._catch_up()
         if key in self._sizes:
             self._sizes.move_to_end(key)
 
@@ -57,6 +65,33 @@ class LruPolicy:
         again, the held ones alone, which leaves the same order (each held key moved last in
         turn).
         """
+        self._catch_up()
+        return self._move_held(keys)
+
+    def touch_later(self, keys: Sequence[Hashable]) -> None:
+        """``touch_many(keys)``, but the moves wait until the order is next needed: by an
+        insert, a touch or ``oldest_first``, which make them first, oldest first, so that
+        every answer is the one ``touch_many`` now would have given. Keys no longer held by
+        then are skipped.
+
+        A warm mount reading what it holds inserts nothing: its reads' moves, each a look-up
+        in a dict of every held key, are then never made (past ``TOUCHES_LATER_MAX`` keys
+        the oldest are)."""
+        self._later.append(keys)
+        self._later_keys += len(keys)
+        while self._later_keys > TOUCHES_LATER_MAX:
+            self._move_oldest_later()
+
+    def _catch_up(self) -> None:
+        while self._later:
+            self._move_oldest_later()
+
+    def _move_oldest_later(self) -> None:
+        keys = self._later.popleft()
+        self._later_keys -= len(keys)
+        self._move_held(keys)
+
+    def _move_held(self, keys: Sequence[Hashable]) -> Sequence[Hashable]:
         move = self._sizes.move_to_end
         try:
             deque(map(move, keys), maxlen=0)
@@ -75,6 +110,7 @@ class LruPolicy:
         prefetched block about to be read must not be pushed out by the next prefetch), unless
         every held key is protected, in which case the least recently used goes regardless.
         """
+        self._catch_up()
         self.remove(key)
         if size > self.capacity:
             return [key]
@@ -101,6 +137,7 @@ class LruPolicy:
         A fetch lands as a run of up to a few hundred blocks: when none of them is held yet and
         they fit without evicting anything (a cache filling up), they are added in one step
         in C, which is what the inserts one by one would do, rather than a call each."""
+        self._catch_up()
         sizes = self._sizes
         total = sum(size for _, size in items)
         keys = dict.fromkeys(key for key, _ in items)
@@ -123,6 +160,7 @@ class LruPolicy:
 
     def oldest_first(self) -> Iterable[Hashable]:
         """Held keys from least to most recently used."""
+        self._catch_up()
         return iter(self._sizes)
 
 

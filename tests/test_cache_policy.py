@@ -7,6 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from neuralcache import cache_policy
 from neuralcache.cache_policy import LruPolicy
 
 CAPACITY = 100
@@ -76,6 +77,25 @@ class LruMachine(RuleBasedStateMachine):
         for key in touched:
             self.model.touch(key)
 
+    @rule(touched=st.lists(keys, max_size=6))
+    def touch_later(self, touched: list[int]) -> None:
+        self.policy.touch_later(touched)
+        for key in touched:
+            self.model.touch(key)
+
+    @rule(touched=st.lists(keys, max_size=6), removed=st.lists(keys, max_size=3), key=keys,
+          size=sizes)
+    def touch_later_then_remove_and_insert(self, touched: list[int], removed: list[int],
+                                           key: int, size: int) -> None:
+        """The moves put off are made before the insert, and skip the keys removed
+        meanwhile (the invariants below would make them at once, after each rule)."""
+        self.policy.touch_later(touched)
+        for k in touched:
+            self.model.touch(k)
+        for k in removed:
+            assert self.policy.remove(k) == self.model.remove(k)
+        assert self.policy.insert(key, size) == self.model.insert(key, size)
+
     @rule(key=keys)
     def remove(self, key: int) -> None:
         assert self.policy.remove(key) == self.model.remove(key)
@@ -104,6 +124,19 @@ def _group(key: int) -> int:
 
 TestLruPolicy = LruMachine.TestCase
 TestLruPolicy.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_touches_put_off_past_the_bound_are_made_oldest_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_policy, "TOUCHES_LATER_MAX", 4)
+    policy = LruPolicy(CAPACITY)
+    policy.insert_many([(k, 1) for k in range(6)])
+    policy.touch_later([0, 1])
+    policy.touch_later([2, 3])
+    assert list(policy._sizes) == [0, 1, 2, 3, 4, 5]  # nothing moved yet
+    policy.touch_later([4])  # five keys held back: the oldest run's are moved
+    assert list(policy._sizes) == [2, 3, 4, 5, 0, 1]
+    assert list(policy.oldest_first()) == [5, 0, 1, 2, 3, 4]
 
 
 @pytest.mark.parametrize("capacity", [0, -1])
