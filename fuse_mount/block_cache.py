@@ -246,11 +246,11 @@ class BlockCache:
     def _pending_stamps(self) -> int:
         return len(self._stamps) + self._run_stamps
 
-    def _touch(self, keys: Iterable[int]) -> None:
+    def _touch(self, keys: Sequence[int]) -> None:
         """Record a use of the held ones among ``keys``, in order.
 
-        A block evicted or purged while its disk read ran is still correct to return, but
-        stamping it would leave a last-use row that nothing deletes: only held keys count.
+        A block evicted or purged while its disk read ran is still correct to return; it gets
+        no stamp here (nor a row: ``_write_batch`` writes none for a key not held).
         """
         self._stamp(self.policy.touch_many(keys))
 
