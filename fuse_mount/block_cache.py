@@ -210,9 +210,7 @@ class BlockCache:
         transaction behind each warm read."""
         self._settle_runs()
         self._stamps.update(zip(keys, itertools.count(self._clock + 1)))
-        self._clock += len(keys)
-        if self._pending_stamps() >= STAMPS_PENDING_MAX:
-            self._work.set()
+        self._count_stamps(len(keys))
 
     def _touch_run(self, keys: range) -> None:
         """``_touch`` of a run read whole, in bulk: the LRU's moves wait until its order is
@@ -227,8 +225,13 @@ class BlockCache:
         later put of it outdates."""
         self.policy.touch_later(keys)
         self._stamp_runs.append((keys, self._clock + 1))
-        self._clock += len(keys)
         self._run_stamps += len(keys)
+        self._count_stamps(len(keys))
+
+    def _count_stamps(self, count: int) -> None:
+        """Move the clock past ``count`` stamps just given, and wake the writer once
+        ``STAMPS_PENDING_MAX`` wait."""
+        self._clock += count
         if self._pending_stamps() >= STAMPS_PENDING_MAX:
             self._work.set()
 
