@@ -20,10 +20,11 @@ from typing import Any, Callable, Iterable, NamedTuple, Sequence
 import trio
 
 from fabric.job_threads import JobThreads
+from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
-from .block_store import VALUE_BYTES, BlockKey, BlockStore
+from .block_store import EXTENT_BLOCKS, VALUE_BYTES, BlockKey, BlockStore
 from .cache_writer import CacheWriteError, CacheWriter
 from .key_space import KeySpace, slot_of
 from .residency import ResidencyProbe, merged_spans, run_stretch, will_need_spans
@@ -74,6 +75,17 @@ class PageIn(NamedTuple):
     blocks: int
 
 
+def whole_extents(puts: dict[int, bytes]) -> list[int]:
+    """The first keys of the extents all of whose blocks ``puts`` (in key order) holds whole:
+    a batch stores them as extents (``BlockStore.write_batch``)."""
+    extents = []
+    for first in puts:
+        keys = range(first, first + EXTENT_BLOCKS)
+        if first % EXTENT_BLOCKS == 0 and all(len(puts.get(k, b"")) == BLOCK_SIZE for k in keys):
+            extents.append(first)
+    return extents
+
+
 class BlockCache:
     """Blocks by key, bounded by ``capacity`` bytes.
 
@@ -96,6 +108,11 @@ class BlockCache:
         """Stamps of warm runs not yet in ``_stamps``: each run's keys and its first key's
         stamp, oldest first, every one younger than the stamps in ``_stamps`` (``_touch_run``)."""
         self._run_stamps = 0  # how many stamps ``_stamp_runs`` holds
+        self._packed: set[int] = set()
+        """First keys of the extents LMDB holds (``block_store``), each of whose blocks is held
+        and waits for no write; a read names the ones it reads (``_extents_of``)."""
+        self._unpacked: dict[int, None] = {}
+        """First keys of extents whose rows the next batch deletes (``_unpack``)."""
         self._stale: dict[int, None] = {}
         """Keys of a failed batch (see ``_drop_unwritten``), whose rows LMDB may hold though the
         cache no longer counts them: deleted with the next batch."""
@@ -163,6 +180,9 @@ class BlockCache:
                 self._addresses[key] = entry.address
             for old in self.policy.insert(key, entry.size):
                 self._record(old, _DELETED)
+        for file_id, version, block in self.store.extents():
+            self._packed.add(key_of(file_id, version, block))
+        self._check_packed(list(self._packed))
         metrics.CACHE_CAPACITY_BYTES.set(self.policy.capacity)
         self._update_gauges()
 
@@ -170,12 +190,50 @@ class BlockCache:
         metrics.CACHE_USED_BYTES.set(self.policy.used)
 
     def _record(self, key: int, data: bytes | None) -> None:
+        if self._packed and key - key % EXTENT_BLOCKS in self._packed:
+            self._unpack(key - key % EXTENT_BLOCKS)
         self._ops[key] = data
         self._addresses.pop(key, None)
         if data is _DELETED:
             self._settle_runs()
             self._stamps.pop(key, None)
         self._work.set()
+
+    def _unpack(self, extent: int) -> None:
+        """One of an extent's blocks leaves the cache or is put again: the next batch deletes
+        the extent's rows, and its other blocks leave with it (they have no rows of their own;
+        read together, they are about as old as the one that goes)."""
+        self._packed.discard(extent)
+        self._unpacked[extent] = None
+        for key in range(extent, extent + EXTENT_BLOCKS):
+            if self.policy.remove(key):
+                self._record(key, _DELETED)
+                self._dropped(key)
+
+    def _check_packed(self, extents: list[int]) -> None:
+        """Keep in ``_packed`` only those of these extents (just written, or found at mount)
+        whose blocks are all held and wait for no write: one evicted while its batch was
+        written, say, has the extent unpacked."""
+        holds, ops = self.policy.holds, self._ops
+        for extent in extents:
+            keys = range(extent, extent + EXTENT_BLOCKS)
+            if not all(map(holds, keys)) or not ops.keys().isdisjoint(keys):
+                self._unpack(extent)
+
+    def _extents_of(self, keys: range) -> list[int]:
+        """The first keys of the stored extents that hold blocks of the run ``keys``."""
+        start = keys[0] - keys[0] % EXTENT_BLOCKS
+        return [e for e in range(start, keys[-1] + 1, EXTENT_BLOCKS) if e in self._packed]
+
+    def _span(self, keys: range, first: int) -> tuple[range, list[int]]:
+        """The run ``keys`` (from block ``first``) widened to the ends of the stored extents it
+        reads, and those extents' first blocks."""
+        packed = self._extents_of(keys) if self._packed else []
+        if not packed:
+            return keys, []
+        span = range(min(keys[0], packed[0]), max(keys[-1] + 1, packed[-1] + EXTENT_BLOCKS))
+        base = keys[0] - first
+        return span, [extent - base for extent in packed]
 
     def purge(self, keep: Any) -> int:
         """Drop every block for which ``keep(key)`` is false (e.g. versions no longer on the
@@ -191,18 +249,18 @@ class BlockCache:
     def drop(self, keys: Iterable[BlockKey]) -> int:
         """Forget the held ones among ``keys`` (``neuralcache cache drop``); returns how many.
 
-        Unlike ``purge`` it looks only at the keys given, and it tells the watcher, so the
-        prefetcher knows those blocks must be fetched again.
+        Unlike ``purge`` it looks only at the keys given (and the other blocks of their
+        extents, which go with them), and it tells the watcher, so the prefetcher knows those
+        blocks must be fetched again.
         """
-        dropped = 0
-        for block_key in keys:
-            key = self.keys.key(*block_key)
-            if self.policy.remove(key):
+        held = [key for key in dict.fromkeys(self.keys.key(*k) for k in keys)
+                if self.policy.holds(key)]
+        for key in held:
+            if self.policy.remove(key):  # else gone with another block of its extent
                 self._record(key, _DELETED)
                 self._dropped(key)
-                dropped += 1
         self._update_gauges()
-        return dropped
+        return len(held)
 
     def _stamp(self, keys: Sequence[int]) -> None:
         """Give ``keys`` the next last-use stamps, in order. They ride along with the next batch
@@ -268,6 +326,9 @@ class BlockCache:
         None (often without leaving the loop) if the run's first or last block is not held, a
         block of it waits in memory for the writer, or any block is missing or damaged on disk:
         ``get_many`` then serves what there is, block by block, and drops what is damaged.
+
+        A stored extent is read whole, so the run's places and pages, for the residency check
+        and for the kernel, are those of ``span``: the run widened to its extents' ends.
         """
         if count <= 0:
             return b""
@@ -280,24 +341,26 @@ class BlockCache:
                 or (self._writing and not self._writing.keys().isdisjoint(keys))):
             return None
         data = None
+        span, extents = self._span(keys, first)
         get = self._addresses.get
         length = VALUE_BYTES
         stretch = None
-        if count > self.inline_max_blocks and None not in (ends := (get(keys[0]), get(keys[-1]))):
+        if len(span) > self.inline_max_blocks and None not in (ends := (get(span[0]),
+                                                                        get(span[-1]))):
             # Bound for the reader thread, where the values' places serve only to ask the kernel
             # for pages not in RAM: if the first and last lie close enough for the values between
             # to lie side by side (a run written together), their stretch tells that with two
             # look-ups. One per block cost the daemon a tenth of a 1 MiB read's CPU time (646 ->
             # 578 us, ``python -m bench.throughput_ab``).
-            stretch = run_stretch(*ends, count, VALUE_BYTES)
+            stretch = run_stretch(*ends, len(span), VALUE_BYTES)
         if stretch is not None:
             located, addresses, length = True, [stretch[0]], stretch[1]
         else:
-            addresses = list(map(get, keys))
+            addresses = list(map(get, span))
             located = None not in addresses
-            if located and count <= self.inline_max_blocks:
+            if located and len(span) <= self.inline_max_blocks:
                 data = self.store.read_run_resident(file_id, version, first, count,
-                                                    addresses, self._probe)
+                                                    addresses, self._probe, extents)
         if data is not None:
             _INLINE_READS.inc()
         elif not located:
@@ -306,20 +369,22 @@ class BlockCache:
             # their next stamp rows record it for the next mount.
             _THREAD_READS.inc()
             found = await self._reader.run(self.store.read_run_located, file_id, version,
-                                           first, count)
+                                           first, count, extents)
             if found is not None:
                 data, addresses = found
-                self._learn_addresses(keys, addresses)
+                self._learn_addresses(span, addresses)
         else:
             _THREAD_READS.inc()
             if follows:
                 self._read_ahead(file_id, version, first, count, addresses[0])
             data = await self._reader.run(self.store.read_run, file_id, version, first, count,
-                                          addresses, length)
+                                          addresses, length, extents)
         if data is not None:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
-            # meanwhile: keys name one version, and every checksum was verified.
-            self._touch_run(keys)
+            # meanwhile: keys name one version, and every checksum was verified. An extent
+            # read is used whole: the block of it least recently used is the one the policy
+            # evicts, and the extent goes with it.
+            self._touch_run(span)
         return data
 
     def _continues(self, keys: range) -> bool:
@@ -443,6 +508,9 @@ class BlockCache:
         ``MAX_READ_BLOCKS``, and a ``put`` each (a gauge update, a wake-up of the writer, a
         stamp) was a sizeable part of landing it."""
         keys = self.keys.run(file_id, version, first, len(blocks))
+        if self._packed and keys:  # blocks put again: rarely, but their extent goes
+            for extent in self._extents_of(keys):
+                self._unpack(extent)
         evicted = self.policy.insert_many(list(zip(keys, map(len, blocks))), self._spared)
         if evicted:
             metrics.CACHE_EVICTIONS.inc(len(evicted))
@@ -479,7 +547,7 @@ class BlockCache:
         for key in batch:
             del self._ops[key]
         stamps = self._take_stamps(batch)
-        if not batch and not stamps and not self._stale:
+        if not batch and not stamps and not self._stale and not self._unpacked:
             self._work = trio.Event()
             return
         self._writing = batch
@@ -492,19 +560,24 @@ class BlockCache:
         stale = [k for k in self._stale if k not in batch]
         deletes += stale
         self._stale = {}
+        unpacked, self._unpacked = list(self._unpacked), {}
         metrics.CACHE_WRITE_OPS.observe(len(batch) + len(stale))
         try:
             with metrics.CACHE_WRITE_SECONDS.time():
-                written = await trio.to_thread.run_sync(self._write_batch, puts, deletes,
-                                                        stamps)
+                written, extents = await trio.to_thread.run_sync(
+                    self._write_batch, puts, deletes, stamps, unpacked)
         except CacheWriteError as exc:
             self._drop_unwritten(puts, deletes, exc)
+            # It may have stored extents, or not deleted those it was to.
+            self._unpacked.update(dict.fromkeys([*unpacked, *whole_extents(puts)]))
         else:
             # A key changed again meanwhile (evicted, say) has its new op queued: that write
             # will move or free the value, so its address is not worth keeping. (The writer
             # put the others' addresses in their stamp rows, for the next mount.)
             self._addresses.update((k, a) for k, a in written.items()
                                    if k not in self._ops and k in self.policy)
+            self._packed.update(extents)
+            self._check_packed(extents)
         finally:
             self._writing = {}
         if not self._ops and self._pending_stamps() < STAMPS_PENDING_MAX:
@@ -530,12 +603,13 @@ class BlockCache:
         taken.update(own)
         return taken
 
-    def _write_batch(self, puts: dict[int, bytes], deletes: list[int],
-                     stamps: dict[int, int]) -> dict[int, int]:
+    def _write_batch(self, puts: dict[int, bytes], deletes: list[int], stamps: dict[int, int],
+                     unpacked: Sequence[int] = ()) -> tuple[dict[int, int], list[int]]:
         """``writer.write_batch``, in a worker thread: the stamp rows ``(stamp, size, address)``
         are made here, off the event loop, by point look-ups into what the loop keeps changing.
         A key evicted meanwhile gets no row, unless this batch puts its block: then the row
-        goes with it (a later batch deletes both)."""
+        goes with it (a later batch deletes both). Returns where the puts lie and the extents
+        the batch stored (``whole_extents``, found here too)."""
         sizes, located = self.policy.sizes, self._addresses
         rows = {}
         for key, stamp in stamps.items():
@@ -545,7 +619,9 @@ class BlockCache:
                     continue
                 size = len(puts[key])
             rows[key] = (stamp, size, located.get(key))
-        return self.writer.write_batch(puts, deletes, rows)
+        extents = whole_extents(puts)
+        written = self.writer.write_batch(puts, deletes, rows, extents, unpacked)
+        return written.addresses, extents if written.extents else []
 
     def _drop_unwritten(self, puts: dict[int, bytes], deletes: list[int],
                         exc: Exception) -> None:
@@ -569,7 +645,7 @@ class BlockCache:
         failed batch may have left get one more try."""
         while self._ops or self._stamps or self._stamp_runs:
             await self._write_one_batch()
-        if self._stale:
+        if self._stale or self._unpacked:
             await self._write_one_batch()
 
     def close(self) -> None:

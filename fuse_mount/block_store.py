@@ -11,6 +11,17 @@ about half a page on overflow pages of its own behind a 16-byte header, so a who
 with its checksum took two 4 KiB pages, the second holding 24 bytes: the cache file was twice
 the data, and every block written or read from disk moved 8 KiB. The head fills exactly one
 page; the tails, 24 bytes each, share leaf pages like the stamp rows do.
+
+An extent, ``EXTENT_BLOCKS`` whole blocks from an aligned block number put in one batch (a
+fetch or a prefetch window landing), is kept the same way as one value: in the ``extents``
+table its checksum and first bytes, 16 pages exactly, in ``extent_tails`` the rest and its
+blocks' own checksums, both under the key of its first block; its blocks have no rows of their
+own in ``blocks`` and ``tails``. A warm read of whole extents then steps LMDB's cursors, makes
+objects and checks a checksum once per 64 KiB, not once per 4 KiB, which was most of the
+daemon's CPU time per 1 MiB read (docs/throughput.md, session 51); a read of part of one (a
+random 16 KiB read) checks and copies only its blocks. Which extents are stored so is the
+cache's to say (``BlockCache``): it asks for them in ``write_batch`` and names them in each
+read.
 """
 
 from __future__ import annotations
@@ -22,12 +33,12 @@ import logging
 import operator
 import os
 import struct
-from typing import Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import lmdb
 import xxhash
 
-from fabric.checksum import block_checksum
+from fabric.checksum import block_checksum, range_checksums
 from fabric.protocol import CHECKSUM_BYTES
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
@@ -86,6 +97,14 @@ KeyTuple = tuple[int, int, int]
 """A block key as a plain tuple, equal to the ``BlockKey`` it names (cheaper to make)."""
 
 
+class Written(NamedTuple):
+    """What ``write_batch`` did: where each put block now lies in the map (by key), and
+    whether the batch's extents were stored as such (else every block on its own)."""
+
+    addresses: dict[Any, int]
+    extents: bool
+
+
 class IndexEntry(NamedTuple):
     key: KeyTuple
     size: int
@@ -93,7 +112,22 @@ class IndexEntry(NamedTuple):
     address: int | None  # of the value in this process's map, if its row says where it lies
 
 
+EXTENT_BLOCKS = 16
+"""Blocks of an extent (64 KiB): few enough that a random 16 KiB read, which must check its
+extent whole, copies and hashes 64 KiB of the map; a 1 MiB read steps 16 values, not 256."""
+EXTENT_BYTES = EXTENT_BLOCKS * BLOCK_SIZE
+EXTENT_VALUE_BYTES = EXTENT_BLOCKS * OVERFLOW_PAGE - OVERFLOW_HEADER
+"""A stored extent's value, checksum first: its 16 pages exactly."""
+EXTENT_HEAD_BYTES = EXTENT_VALUE_BYTES - CHECKSUM_BYTES
+"""Bytes of an extent in its value; the last 24 are its tail."""
+EXTENT_TAIL_BYTES = EXTENT_BYTES - EXTENT_HEAD_BYTES
+_EXTENT_SUMS = struct.Struct(f">{EXTENT_BLOCKS}Q")
+"""Its blocks' checksums, kept after its tail (``extent_tails``), so that a read of part of an
+extent (a random 16 KiB read) checks and copies only the blocks it reads."""
+EXTENT_TAIL_ROW_BYTES = EXTENT_TAIL_BYTES + _EXTENT_SUMS.size
+
 BLOCKS_TABLE, TAILS_TABLE, STAMPS_TABLE = b"blocks", b"tails", b"stamps"
+EXTENTS_TABLE, EXTENT_TAILS_TABLE = b"extents", b"extent_tails"
 TREE_RAM_SHARE = 16
 """At mount, the trees of the tables (``page_in_trees``) are read ahead up to this share of the
 machine's RAM: 1/16, so a cache of about 20x the RAM has them all (they take ~4 % of the file)."""
@@ -133,19 +167,80 @@ def _map_base(data_file: str) -> int | None:
     return starts[0] if len(starts) == 1 else None
 
 
+def extent_of(block: int) -> int:
+    """The first block of the extent that holds ``block``."""
+    return block - block % EXTENT_BLOCKS
+
+
 def _walk_run(txn: lmdb.Transaction, db: lmdb._Database, file_id: int, version: int,
-              first: int, count: int) -> list[memoryview] | None:
-    """Views of the values in ``db`` (heads or tails) of blocks ``[first, first + count)``, or
-    None unless all of them are stored. Valid only inside ``txn``."""
+              first: int, count: int, step: int = 1) -> list[memoryview] | None:
+    """Views of the ``count`` values in ``db`` (heads or tails) keyed ``first``, ``first +
+    step``, ..., or None unless all of them are stored. Valid only inside ``txn``."""
     cursor = txn.cursor(db)
     if not cursor.set_key(_KEY.pack(file_id, version, first)):
         return None
     values = list(itertools.islice(cursor.iternext(keys=False), count))
-    # Keys are unique and sorted: `count` values from the first key to the expected last one
-    # are exactly the run, with no block missing in between.
-    if len(values) != count or cursor.key() != _KEY.pack(file_id, version, first + count - 1):
+    # Keys are unique and sorted, and a table holds keys at multiples of `step` only: `count`
+    # values from the first key to the expected last one are exactly the run, none missing.
+    last = first + step * (count - 1)
+    if len(values) != count or cursor.key() != _KEY.pack(file_id, version, last):
         return None
     return values
+
+
+class _DamagedExtent(Exception):
+    """A stored extent's value is not the length of one."""
+
+
+class _Segment(NamedTuple):
+    """Part of a run that one cursor walk per table reads: ``values`` extents from block
+    ``first`` if ``packed``, else ``values`` blocks."""
+
+    first: int
+    values: int
+    packed: bool
+
+
+def _segments(first: int, end: int, extents: Sequence[int]) -> list[_Segment]:
+    """Blocks ``[first, end)`` as walks: the stored extents among them (their first blocks,
+    sorted, each holding a block of the run), consecutive ones in one walk, and the blocks
+    between them."""
+    segments: list[_Segment] = []
+    at = first
+    for extent in extents:
+        if extent > at:
+            segments.append(_Segment(at, extent - at, False))
+        last = segments[-1] if segments else None
+        if last is not None and last.packed and last.first + last.values * EXTENT_BLOCKS == extent:
+            segments[-1] = last._replace(values=last.values + 1)
+        else:
+            segments.append(_Segment(extent, 1, True))
+        at = extent + EXTENT_BLOCKS
+    if at < end:
+        segments.append(_Segment(at, end - at, False))
+    return segments
+
+
+def _head_addresses(heads: list[memoryview], segments: list[_Segment]) -> list[int]:
+    """Where each block of walked ``segments`` lies in the map (for ``read_run_resident``): a
+    block on its own at its value; one of an extent a page further into the extent's value for
+    each block before it, so that ``VALUE_BYTES`` from each of the extent's blocks cover its
+    pages, no others (an extent is read whole, as are its blocks' bytes that spill into the
+    next page)."""
+    addresses = list(map(buffer_address, heads))
+    if not any(segment.packed for segment in segments):
+        return addresses
+    spread: list[int] = []
+    at = 0
+    for segment in segments:
+        values = addresses[at:at + segment.values]
+        at += segment.values
+        if not segment.packed:
+            spread += values
+            continue
+        for address in values:
+            spread += range(address, address + EXTENT_BYTES, BLOCK_SIZE)
+    return spread
 
 
 def _join_verified(heads: list[memoryview], tails: list[memoryview]) -> bytes | None:
@@ -181,6 +276,15 @@ def _whole_block_slices(count: int) -> list[slice]:
     return [slice(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE) for i in range(count)]
 
 
+def _trimmed(data: bytes, skip: int, count: int) -> bytes:
+    """``count`` blocks of ``data`` after its first ``skip`` (a run read with the whole of the
+    extents at its ends)."""
+    start = skip * BLOCK_SIZE
+    if start == 0 and len(data) <= count * BLOCK_SIZE:
+        return data
+    return data[start:start + count * BLOCK_SIZE]
+
+
 class BlockStore:
     """Blocks and their last-use stamps in one LMDB environment."""
 
@@ -207,11 +311,13 @@ class BlockStore:
 
     def _open(self, path: str, capacity: int) -> None:
         # sync=False: a cache may lose its last batches on power loss; checksums catch damage.
-        self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=3, sync=False,
+        self.env = lmdb.open(path, map_size=map_size_for(capacity), max_dbs=5, sync=False,
                              metasync=False, readahead=False, max_readers=256)
         self._blocks = self.env.open_db(BLOCKS_TABLE)
         self._stamps = self.env.open_db(STAMPS_TABLE)
         self._tails = self.env.open_db(TAILS_TABLE)
+        self._extents = self.env.open_db(EXTENTS_TABLE)
+        self._extent_tails = self.env.open_db(EXTENT_TAILS_TABLE)
 
     def _old_format_blocks(self) -> int:
         """How many blocks a cache written before blocks had tails holds (each block on two
@@ -226,25 +332,89 @@ class BlockStore:
         self.env.sync(True)
         self.env.close()
 
-    def _walk(self, txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int
-              ) -> tuple[list[memoryview], list[memoryview]] | None:
-        """The heads and the tails of blocks ``[first, first + count)``, or None unless all of
-        them are stored. Valid only inside ``txn``."""
-        heads = _walk_run(txn, self._blocks, file_id, version, first, count)
-        if heads is None:
+    def _walk(self, txn: lmdb.Transaction, file_id: int, version: int,
+              segments: list[_Segment]) -> tuple[list[memoryview], list[memoryview]] | None:
+        """The heads and the tails of ``segments`` (``_segments``), or None unless all of them
+        are stored; raises ``_DamagedExtent``. Valid only inside ``txn``."""
+        heads: list[memoryview] = []
+        tails: list[memoryview] = []
+        for first, values, packed in segments:
+            step = EXTENT_BLOCKS if packed else 1
+            db_heads, db_tails = ((self._extents, self._extent_tails) if packed
+                                  else (self._blocks, self._tails))
+            walked = _walk_run(txn, db_heads, file_id, version, first, values, step)
+            if walked is None:
+                return None
+            # The checksum alone would pass a value cut short together with its stored one.
+            if packed and any(len(head) != EXTENT_VALUE_BYTES for head in walked):
+                raise _DamagedExtent
+            heads += walked
+            walked = _walk_run(txn, db_tails, file_id, version, first, values, step)
+            if walked is None:
+                return None
+            if packed:
+                if any(len(row) != EXTENT_TAIL_ROW_BYTES for row in walked):
+                    raise _DamagedExtent
+                walked = [row[:EXTENT_TAIL_BYTES] for row in walked]
+            tails += walked
+        return heads, tails
+
+    def _read_part(self, txn: lmdb.Transaction, file_id: int, version: int, extent: int,
+                   first: int, count: int) -> tuple[bytes, memoryview] | None:
+        """Blocks ``[first, first + count)``, part of the stored extent from block ``extent``,
+        each checked against its own checksum, and the extent's head; None unless all are
+        stored and intact."""
+        key = _KEY.pack(file_id, version, extent)
+        head = txn.get(key, db=self._extents)
+        row = txn.get(key, db=self._extent_tails)
+        if (head is None or row is None or len(head) != EXTENT_VALUE_BYTES
+                or len(row) != EXTENT_TAIL_ROW_BYTES):
             return None
-        tails = _walk_run(txn, self._tails, file_id, version, first, count)
-        return None if tails is None else (heads, tails)
+        skip = first - extent
+        start = CHECKSUM_BYTES + skip * BLOCK_SIZE
+        if skip + count < EXTENT_BLOCKS:
+            data = bytes(head[start:start + count * BLOCK_SIZE])
+        else:
+            data = b"".join((head[start:], row[:EXTENT_TAIL_BYTES]))
+        stored = list(_EXTENT_SUMS.unpack_from(row, EXTENT_TAIL_BYTES)[skip:skip + count])
+        with memoryview(data) as view:
+            if list(map(xxhash.xxh3_64_intdigest,
+                        map(view.__getitem__, _whole_block_slices(count)))) != stored:
+                return None
+        return data, head
+
+    def _extent(self, txn: lmdb.Transaction, file_id: int, version: int, first: int
+                ) -> bytes | None:
+        """The stored extent from block ``first``, verified; b"" if it is damaged, None if
+        there is none."""
+        try:
+            walked = self._walk(txn, file_id, version, [_Segment(first, 1, True)])
+        except _DamagedExtent:
+            return b""
+        if walked is None:
+            return None
+        return _join_verified(*walked) or b""
 
     def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, bytes], list[BlockKey]]:
         """Blocks found (verified), and keys whose stored bytes failed their checksum."""
         found: dict[BlockKey, bytes] = {}
         corrupt: list[BlockKey] = []
+        extents: dict[tuple[int, int, int], bytes | None] = {}
         with self.env.begin(buffers=True) as txn:
             for key in keys:
+                where = (key.file_id, key.version, extent_of(key.block))
                 packed = key.pack()
-                head = txn.get(packed, db=self._blocks)
+                # A block is looked for on its own unless its extent was found for another.
+                head = None if extents.get(where) else txn.get(packed, db=self._blocks)
                 if head is None:
+                    if where not in extents:
+                        extents[where] = self._extent(txn, *where)
+                    extent = extents[where]
+                    if extent == b"":
+                        corrupt.append(key)
+                    elif extent is not None:
+                        start = (key.block - where[2]) * BLOCK_SIZE
+                        found[key] = extent[start:start + BLOCK_SIZE]
                     continue
                 tail = txn.get(packed, db=self._tails)
                 data = bytes(head[CHECKSUM_BYTES:]) + (b"" if tail is None else bytes(tail))
@@ -254,20 +424,41 @@ class BlockStore:
                     corrupt.append(key)
         return found, corrupt
 
-    def read_run_located(self, file_id: int, version: int, first: int, count: int
-                         ) -> tuple[bytes, list[int]] | None:
-        """``read_run``, and where each block's value lies in the map (``read_run_resident``
-        needs that; the index does not read it, see ``index``)."""
+    def _read(self, txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int,
+              extents: Sequence[int]) -> tuple[bytes, list[memoryview], list[_Segment]] | None:
+        """The run's blocks verified, with its walk's heads and segments (for their places)."""
+        if (len(extents) == 1 and count < EXTENT_BLOCKS and extents[0] <= first
+                and first + count <= extents[0] + EXTENT_BLOCKS):
+            part = self._read_part(txn, file_id, version, extents[0], first, count)
+            return None if part is None else (part[0], [part[1]], [_Segment(extents[0], 1, True)])
+        segments = (_segments(first, first + count, extents) if extents
+                    else [_Segment(first, count, False)])
+        try:
+            walked = self._walk(txn, file_id, version, segments)
+        except _DamagedExtent:
+            return None
+        data = None if walked is None else _join_verified(*walked)
+        if data is None or walked is None:
+            return None
+        skip = first - segments[0].first
+        return _trimmed(data, skip, count), walked[0], segments
+
+    def read_run_located(self, file_id: int, version: int, first: int, count: int,
+                         extents: Sequence[int] = ()) -> tuple[bytes, list[int]] | None:
+        """``read_run``, and where each block lies in the map (``read_run_resident`` needs
+        that; the index does not read it, see ``index``): each block of the run widened to
+        its ``extents``' ends."""
         with self.env.begin(buffers=True) as txn:
-            walked = self._walk(txn, file_id, version, first, count)
-            data = None if walked is None else _join_verified(*walked)
-            return None if data is None else (data, list(map(buffer_address, walked[0])))
+            read = self._read(txn, file_id, version, first, count, extents)
+            return None if read is None else (read[0], _head_addresses(read[1], read[2]))
 
     def read_run(self, file_id: int, version: int, first: int, count: int,
-                 addresses: list[int] | None = None, length: int = VALUE_BYTES
-                 ) -> bytes | None:
+                 addresses: list[int] | None = None, length: int = VALUE_BYTES,
+                 extents: Sequence[int] = ()) -> bytes | None:
         """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
         or None unless every one of them is stored and intact (``get_many`` then sorts out which).
+        ``extents`` are the first blocks of the stored extents that hold blocks of the run,
+        sorted (the cache knows them): each is read and checked whole.
 
         One read transaction and a cursor walk over the neighbouring keys in each table (heads,
         then tails), the values taken as views of LMDB's map and copied once, by the join: per
@@ -285,12 +476,14 @@ class BlockStore:
         if addresses and not self._thread_probe.all_resident(addresses, length):
             will_need(addresses, length)
         with self.env.begin(buffers=True) as txn:
-            walked = self._walk(txn, file_id, version, first, count)
-            return None if walked is None else _join_verified(*walked)
+            read = self._read(txn, file_id, version, first, count, extents)
+            return None if read is None else read[0]
 
     def read_run_resident(self, file_id: int, version: int, first: int, count: int,
-                          addresses: list[int], probe: ResidencyProbe) -> bytes | None:
+                          addresses: list[int], probe: ResidencyProbe,
+                          extents: Sequence[int] = ()) -> bytes | None:
         """``read_run``, but only if no page of the run's heads needs the disk; else None.
+        ``addresses`` must then cover the whole of the ``extents`` the run reads.
 
         For the event loop, which must never wait for the disk. ``addresses`` are where the
         run's values were when they were last written or read in a thread (``write_batch``,
@@ -310,19 +503,88 @@ class BlockStore:
             return b""
         if not probe.all_resident(addresses, VALUE_BYTES):
             return None
-        return self.read_run(file_id, version, first, count)
+        return self.read_run(file_id, version, first, count, extents=extents)
 
     def write_batch(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
-                    stamps: dict[BlockKey, tuple[int, int, int | None]]
-                    ) -> dict[BlockKey, int]:
+                    stamps: dict[BlockKey, tuple[int, int, int | None]],
+                    extents: Sequence[BlockKey] = (), unpacked: Iterable[BlockKey] = ()
+                    ) -> Written:
         """Apply one batch in one write transaction (all or nothing); returns where in the map
-        each put value now lies (see ``read_run_resident``). ``stamps`` maps a key to its
-        last-use stamp, its block's size and its value's address if known. A put's address is
-        known only once its transaction is committed: a second one records it in the stamp
-        row the batch gives the put. A key's stamp row must be written with or after its
-        block, so every row stands for a stored block."""
+        each put block now lies (see ``read_run_resident``) and whether its extents were
+        stored. ``stamps`` maps a key to its last-use stamp, its block's size and its value's
+        address if known. A put's address is known only once its transaction is committed: a
+        second one records it in the stamp row the batch gives the put. A key's stamp row
+        must be written with or after its block, so every row stands for a stored block.
+
+        ``extents``, keys of first blocks, are stored as extents, their ``EXTENT_BLOCKS``
+        blocks taken from ``puts`` (whole blocks, all of them); ``unpacked`` extents are
+        deleted first (their blocks are ``deletes`` or ``puts`` of this batch or were of an
+        earlier one). If the map has no room left for an extent's 16 pages side by side, the
+        batch is written again with every block on its own (a freed page each is enough)."""
+        try:
+            self._write(puts, deletes, stamps, extents, unpacked)
+        except lmdb.MapFullError:
+            if not extents:
+                raise
+            log.warning("no room in the cache file for %d extents of %d pages; their blocks "
+                        "are stored one by one", len(extents), EXTENT_BLOCKS)
+            extents = ()
+            self._write(puts, deletes, stamps, extents, unpacked)
+        addresses = {}
+        # A write transaction holds its pages in its own memory; after the commit they are
+        # in the map, where readers find them (pages just written: in the page cache).
+        with self.env.begin(buffers=True) as txn:
+            for first in extents:
+                value = txn.get(_KEY.pack(*first), db=self._extents)
+                if value is not None:
+                    file_id, version, block = first
+                    at = buffer_address(value)  # as ``_head_addresses`` places its blocks
+                    for i in range(EXTENT_BLOCKS):
+                        addresses[BlockKey(file_id, version, block + i)] = at + i * BLOCK_SIZE
+            for key in puts:
+                if key not in addresses:
+                    value = txn.get(_KEY.pack(*key), db=self._blocks)
+                    if value is not None:
+                        addresses[key] = buffer_address(value)
+        base = self.map_base
+        placed = [(key, address) for key, address in addresses.items() if key in stamps]
+        if placed and base is not None:
+            with self.env.begin(write=True, db=self._stamps) as txn:
+                for key, address in placed:
+                    stamp, size, _ = stamps[key]
+                    txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, address - base))
+        return Written(addresses, bool(extents))
+
+    def _write(self, puts: dict[BlockKey, bytes], deletes: Iterable[BlockKey],
+               stamps: dict[BlockKey, tuple[int, int, int | None]],
+               extents: Sequence[BlockKey], unpacked: Iterable[BlockKey]) -> None:
+        """``write_batch``'s transaction."""
         with self.env.begin(write=True) as txn:
+            for first in unpacked:
+                packed = _KEY.pack(*first)
+                txn.delete(packed, db=self._extents)
+                txn.delete(packed, db=self._extent_tails)
+            in_extents: set[BlockKey] = set()
+            loose = txn.cursor(self._blocks)
+            for file_id, version, block in extents:
+                keys = [BlockKey(file_id, version, b) for b in range(block, block + EXTENT_BLOCKS)]
+                data = b"".join([puts[key] for key in keys])
+                if block % EXTENT_BLOCKS or len(data) != EXTENT_BYTES:
+                    raise ValueError(f"not an extent: {EXTENT_BLOCKS} whole blocks of file "
+                                     f"{file_id} from block {block}")
+                packed = _KEY.pack(file_id, version, block)
+                txn.put(packed, block_checksum(data) + data[:EXTENT_HEAD_BYTES], db=self._extents)
+                txn.put(packed, data[EXTENT_HEAD_BYTES:] + range_checksums(data),
+                        db=self._extent_tails)
+                in_extents.update(keys)
+                # Rows a block put again may have of its own (one seek finds that there are none).
+                end = _KEY.pack(file_id, version, block + EXTENT_BLOCKS)
+                while loose.set_range(packed) and loose.key() < end:
+                    txn.delete(loose.key(), db=self._tails)
+                    loose.delete()
             for key, data in puts.items():
+                if key in in_extents:
+                    continue
                 packed = _KEY.pack(*key)
                 txn.put(packed, block_checksum(data) + data[:HEAD_BYTES], db=self._blocks)
                 txn.put(packed, data[HEAD_BYTES:], db=self._tails)
@@ -337,21 +599,6 @@ class BlockStore:
                 if address is not None and base is not None and address > base:
                     offset = address - base
                 txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, offset), db=self._stamps)
-        addresses = {}
-        # A write transaction holds its pages in its own memory; after the commit they are
-        # in the map, where readers find them (pages just written: in the page cache).
-        with self.env.begin(db=self._blocks, buffers=True) as txn:
-            for key in puts:
-                value = txn.get(_KEY.pack(*key))
-                if value is not None:
-                    addresses[key] = buffer_address(value)
-        placed = [(key, address) for key, address in addresses.items() if key in stamps]
-        if placed and base is not None:
-            with self.env.begin(write=True, db=self._stamps) as txn:
-                for key, address in placed:
-                    stamp, size, _ = stamps[key]
-                    txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, address - base))
-        return addresses
 
     def page_in_trees(self) -> int:
         """Have the kernel read the trees of the stamp, blocks and tails tables from the disk at
@@ -361,8 +608,15 @@ class BlockStore:
         time: those lookups are made on the event loop for the runs it reads itself
         (``read_run_resident``, which checks the values' pages only)."""
         budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // TREE_RAM_SHARE
-        return page_in_tables(self.env, [STAMPS_TABLE, BLOCKS_TABLE, TAILS_TABLE],
+        return page_in_tables(self.env, [STAMPS_TABLE, EXTENTS_TABLE, EXTENT_TAILS_TABLE,
+                                         BLOCKS_TABLE, TAILS_TABLE],
                               budget // self.env.stat()["psize"])
+
+    def extents(self) -> list[BlockKey]:
+        """The stored extents, by the key of their first block (read from ``extent_tails``,
+        whose rows share leaf pages: the extents' own pages are not touched)."""
+        with self.env.begin(db=self._extent_tails, buffers=True) as txn:
+            return [BlockKey.unpack(bytes(raw)) for raw in txn.cursor().iternext(values=False)]
 
     def index(self) -> list[IndexEntry]:
         """Every cached block with its size, last-use stamp and value address (where its row

@@ -34,7 +34,7 @@ from typing import Any, Iterable
 
 import msgpack
 
-from .block_store import BlockKey, BlockStore
+from .block_store import BlockKey, BlockStore, Written
 from .key_space import BLOCK_BITS, KeySpace
 
 log = logging.getLogger(__name__)
@@ -104,10 +104,12 @@ class CacheWriter:
         return ours
 
     def write_batch(self, puts: dict[int, bytes], deletes: Iterable[int],
-                    stamps: dict[int, tuple[int, int, int | None]]) -> dict[int, int]:
-        """Write one batch (all or nothing) and return where each put value now lies in this
-        process's map, as ``BlockStore.write_batch`` does; blocks until the child has
-        committed it."""
+                    stamps: dict[int, tuple[int, int, int | None]],
+                    extents: Iterable[int] = (), unpacked: Iterable[int] = ()
+                    ) -> Written:
+        """Write one batch (all or nothing) and return where each put block now lies in this
+        process's map, as ``BlockStore.write_batch`` does (``extents`` and ``unpacked`` by the
+        keys of their first blocks); blocks until the child has committed it."""
         sock = self._sock or self._start()
         versions = self._keys.versions[self._slots_sent:]
         # Flat lists, built in C rather than a list per key in Python: this holds the GIL,
@@ -115,7 +117,8 @@ class CacheWriter:
         request = msgpack.packb([
             self._base, list(chain.from_iterable(versions)), _slots_and_blocks(puts),
             list(puts.values()), _slots_and_blocks(deletes), _slots_and_blocks(stamps),
-            list(chain.from_iterable(stamps.values()))])
+            list(chain.from_iterable(stamps.values())), _slots_and_blocks(extents),
+            _slots_and_blocks(unpacked)])
         try:
             _send(sock, request)
             answer = _receive(sock)
@@ -126,13 +129,15 @@ class CacheWriter:
             self._stop()
             raise CacheWriteError("the cache writer process exited")
         self._slots_sent += len(versions)
-        status, result = msgpack.unpackb(answer)
+        status, *result = msgpack.unpackb(answer)
         if status != "ok":
-            raise CacheWriteError(result)
+            raise CacheWriteError(result[0])
+        offsets, stored_extents = result
         base = self._base
         if base is None:
-            return {}
-        return {key: base + offset for key, offset in zip(puts, result) if offset is not None}
+            return Written({}, stored_extents)
+        return Written({key: base + offset for key, offset in zip(puts, offsets)
+                        if offset is not None}, stored_extents)
 
     def _stop(self) -> None:
         if self._sock is not None:
@@ -165,10 +170,13 @@ def _groups(flat: list[Any], size: int) -> list[Any]:
     return list(zip(*[iter(flat)] * size))
 
 
-def _write(store: BlockStore, slots: list[tuple[int, int]], request: Any) -> list[int | None]:
-    """Write one request; the offset of each put's value in the file, in the puts' order.
+def _write(store: BlockStore, slots: list[tuple[int, int]], request: Any
+           ) -> tuple[list[int | None], bool]:
+    """Write one request; the offset of each put's value in the file, in the puts' order, and
+    whether its extents were stored.
     ``slots``, the ``(file id, version)`` of each slot so far, grows by the request's new ones."""
-    their_base, new_slots, put_keys, datas, deletes, stamp_keys, stamp_values = request
+    (their_base, new_slots, put_keys, datas, deletes, stamp_keys, stamp_values, extents,
+     unpacked) = request
     slots.extend(_groups(new_slots, 2))
 
     def block_keys(flat: list[int]) -> list[BlockKey]:
@@ -180,10 +188,12 @@ def _write(store: BlockStore, slots: list[tuple[int, int]], request: Any) -> lis
                     address + shift if address is not None and shift is not None else None)
               for key, (stamp, size, address) in zip(block_keys(stamp_keys),
                                                      _groups(stamp_values, 3))}
-    written = store.write_batch(puts, block_keys(deletes), stamps)
+    written = store.write_batch(puts, block_keys(deletes), stamps, block_keys(extents),
+                                block_keys(unpacked))
     if base is None:
-        return []
-    return [None if (address := written.get(key)) is None else address - base for key in puts]
+        return [], written.extents
+    return ([None if (address := written.addresses.get(key)) is None else address - base
+             for key in puts], written.extents)
 
 
 def main(argv: list[str]) -> int:
@@ -198,7 +208,7 @@ def main(argv: list[str]) -> int:
     try:
         while (body := _receive(sock)) is not None:
             try:
-                answer = ["ok", _write(store, slots, msgpack.unpackb(body))]
+                answer = ["ok", *_write(store, slots, msgpack.unpackb(body))]
             except Exception as exc:  # fails this batch (the daemon logs it), not the writer
                 answer = ["error", f"{type(exc).__name__}: {exc}"]
             _send(sock, msgpack.packb(answer))

@@ -263,7 +263,7 @@ def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
     monkeypatch.setattr(block_cache, "STAMPS_PENDING_MAX", 8)
     monkeypatch.setattr(block_cache, "MAX_BATCH_STAMPS", 4)
     monkeypatch.setattr(block_cache, "FLUSH_INTERVAL", 60.0)  # longer than the test may wait
-    keys = [BlockKey(1, 1, b) for b in range(32)]
+    keys = [BlockKey(1, 1, b) for b in range(0, 64, 2)]  # no extent: a read stamps one block
     capacity = len(keys) * BLOCK_SIZE
     cache = open_cache(tmp_path, capacity)
     fill(cache, keys)
@@ -291,22 +291,23 @@ def test_the_stamps_of_a_read_only_mount_are_written_as_they_pile_up(
 
 def test_runs_read_whole_are_stamped_as_if_block_by_block(tmp_path: Path) -> None:
     """A run read whole keeps its stamps as one entry until they are written; a touch, a drop
-    or a put in between must still see them in read order, and the order survives a remount."""
-    keys = [BlockKey(1, 1, b) for b in range(16)]
+    or a put in between must still see them in read order, and the order survives a remount.
+    (From block 1: no extent, whose blocks would be dropped with block 11.)"""
+    keys = [BlockKey(1, 1, b) for b in range(1, 17)]
     capacity = len(keys) * BLOCK_SIZE
     cache = open_cache(tmp_path, capacity)
     fill(cache, keys)
 
     async def main() -> None:
-        assert await cache.read_run(1, 1, 0, 8) is not None
+        assert await cache.read_run(1, 1, 1, 8) is not None
         assert set(await cache.get_many([keys[3]])) == {keys[3]}  # stamped after the run
-        assert await cache.read_run(1, 1, 8, 8) is not None
+        assert await cache.read_run(1, 1, 9, 8) is not None
         assert cache.drop([keys[10]]) == 1
-        assert await cache.read_run(1, 1, 4, 2) is not None  # read again: newest
+        assert await cache.read_run(1, 1, 5, 2) is not None  # read again: newest
         await cache.flush()
 
     run(main)
-    expected = [0, 1, 2, 6, 7, 3, 8, 9, 11, 12, 13, 14, 15, 4, 5]
+    expected = [keys[i].block for i in [0, 1, 2, 6, 7, 3, 8, 9, 11, 12, 13, 14, 15, 4, 5]]
     assert [k.block for k in cache.held_keys()] == expected
     cache.close()
     reopened = open_cache(tmp_path, capacity)
@@ -583,13 +584,14 @@ def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_re
         return b"".join(block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:first + count])
     try:
         # No read ended where this one starts: a random reader, nothing more is asked for.
-        assert run(cache.read_run, 1, 1, 500, 4) == expected(500, 4)
+        # (It reads its extent, blocks 496-511, whole.)
+        assert run(cache.read_run, 1, 1, 508, 4) == expected(508, 4)
         assert metric("neuralcache_cache_page_in_blocks_total") == paged
         # The next read continues it, and its first page is on the disk: it and the (up to
         # 2048) held blocks after it are asked for.
-        assert run(cache.read_run, 1, 1, 504, 4) == expected(504, 4)
-        assert metric("neuralcache_cache_page_in_blocks_total") == paged + len(keys) - 504
-        assert wait_resident(data_file, 500 * BLOCK_SIZE)  # read in the page-in thread
+        assert run(cache.read_run, 1, 1, 512, 4) == expected(512, 4)
+        assert metric("neuralcache_cache_page_in_blocks_total") == paged + len(keys) - 512
+        assert wait_resident(data_file, 520 * BLOCK_SIZE)  # read in the page-in thread
         inline = metric("neuralcache_cache_run_reads_total", {"path": "inline"})
         assert run(cache.read_run, 1, 1, 800, 32) == expected(800, 32)
         assert metric("neuralcache_cache_run_reads_total", {"path": "inline"}) == inline + 1

@@ -27,7 +27,7 @@ def open_writer(path: Path) -> tuple[BlockStore, CacheWriter, KeySpace]:
 def test_a_batch_lands_where_the_writer_says_in_this_processs_map(tmp_path: Path) -> None:
     store, writer, keys = open_writer(tmp_path)
     blocks = {keys.key(1, 2, b): block_bytes(BlockKey(1, 2, b), BLOCK_SIZE, 0) for b in range(8)}
-    placed = writer.write_batch(blocks, [], dict.fromkeys(blocks, (1, BLOCK_SIZE, None)))
+    placed = writer.write_batch(blocks, [], dict.fromkeys(blocks, (1, BLOCK_SIZE, None))).addresses
     data, addresses = store.read_run_located(1, 2, 0, 8)
     assert data == b"".join(blocks.values())
     assert store.map_base is not None
