@@ -113,8 +113,9 @@ class IndexEntry(NamedTuple):
 
 
 EXTENT_BLOCKS = 16
-"""Blocks of an extent (64 KiB): few enough that a random 16 KiB read, which must check its
-extent whole, copies and hashes 64 KiB of the map; a 1 MiB read steps 16 values, not 256."""
+"""Blocks of an extent (64 KiB): a 1 MiB read steps 16 values, not 256; few enough that a
+cache file that has been evicting still has 16 free pages side by side for a new one, and
+that a block evicted takes little else with it."""
 EXTENT_BYTES = EXTENT_BLOCKS * BLOCK_SIZE
 EXTENT_VALUE_BYTES = EXTENT_BLOCKS * OVERFLOW_PAGE - OVERFLOW_HEADER
 """A stored extent's value, checksum first: its 16 pages exactly."""
@@ -225,8 +226,7 @@ def _head_addresses(heads: list[memoryview], segments: list[_Segment]) -> list[i
     """Where each block of walked ``segments`` lies in the map (for ``read_run_resident``): a
     block on its own at its value; one of an extent a page further into the extent's value for
     each block before it, so that ``VALUE_BYTES`` from each of the extent's blocks cover its
-    pages, no others (an extent is read whole, as are its blocks' bytes that spill into the
-    next page)."""
+    pages, no others: a read that reads part of an extent has all of them checked."""
     addresses = list(map(buffer_address, heads))
     if not any(segment.packed for segment in segments):
         return addresses
@@ -458,7 +458,8 @@ class BlockStore:
         """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
         or None unless every one of them is stored and intact (``get_many`` then sorts out which).
         ``extents`` are the first blocks of the stored extents that hold blocks of the run,
-        sorted (the cache knows them): each is read and checked whole.
+        sorted (the cache knows them): each is read whole and checked with its one checksum,
+        but for a run within one extent, whose blocks are checked with their own.
 
         One read transaction and a cursor walk over the neighbouring keys in each table (heads,
         then tails), the values taken as views of LMDB's map and copied once, by the join: per
@@ -521,6 +522,7 @@ class BlockStore:
         deleted first (their blocks are ``deletes`` or ``puts`` of this batch or were of an
         earlier one). If the map has no room left for an extent's 16 pages side by side, the
         batch is written again with every block on its own (a freed page each is enough)."""
+        deletes, unpacked = list(deletes), list(unpacked)  # a second try walks them again
         try:
             self._write(puts, deletes, stamps, extents, unpacked)
         except lmdb.MapFullError:
