@@ -621,7 +621,10 @@ class BlockCache:
             rows[key] = (stamp, size, located.get(key))
         extents = whole_extents(puts)
         written = self.writer.write_batch(puts, deletes, rows, extents, unpacked)
-        return written.addresses, extents if written.extents else []
+        if extents and not written.extents:
+            metrics.CACHE_EXTENTS_REFUSED.inc(len(extents))
+            return written.addresses, []
+        return written.addresses, extents
 
     def _drop_unwritten(self, puts: dict[int, bytes], deletes: list[int],
                         exc: Exception) -> None:

@@ -64,6 +64,10 @@ CACHE_WRITE_ERRORS = Counter(
     "neuralcache_cache_write_errors_total",
     "Batches of blocks that could not be written to the cache (disk or map full, or the "
     "writer process gone).")
+CACHE_EXTENTS_REFUSED = Counter(
+    "neuralcache_cache_extents_refused_total",
+    "Extents (16 blocks put together) a write batch stored block by block instead: the cache "
+    "file had no 16 free pages side by side.")
 CACHE_WRITE_SECONDS = Histogram(
     "neuralcache_cache_write_batch_seconds",
     "Wall time of one batch of cache writes (one LMDB transaction in the writer process), "

@@ -147,6 +147,34 @@ def test_a_cache_file_without_room_for_an_extent_stores_its_blocks_one_by_one(
     store.close()
 
 
+def test_extents_the_writer_stored_block_by_block_are_counted_and_read_so(
+        tmp_path: Path) -> None:
+    cache = open_cache(tmp_path, 64 * BLOCK_SIZE)
+    writer = cache.writer
+
+    class NoRoom:
+        """The writer as it answers when the cache file has no 16 free pages side by side."""
+
+        def write_batch(self, puts, deletes, stamps, extents=(), unpacked=()):  # type: ignore
+            return writer.write_batch(puts, deletes, stamps, (), unpacked)
+
+        def close(self) -> None:
+            writer.close()
+    cache.writer = NoRoom()  # type: ignore[assignment]
+    refused = metric("neuralcache_cache_extents_refused_total")
+    blocks = _blocks(0, 32)
+
+    async def fill() -> None:
+        cache.put_run(*FILE, 0, list(blocks.values()))
+        await cache.flush()
+    run(fill)
+    assert metric("neuralcache_cache_extents_refused_total") == refused + 2
+    assert cache.store.extents() == []
+    assert run(cache.read_run, *FILE, 0, 32) == _joined(blocks, 0, 32)
+    assert run(cache.read_run, *FILE, 5, 3) == _joined(blocks, 5, 3)
+    cache.close()
+
+
 def test_a_cache_stores_the_extents_a_batch_holds_whole(tmp_path: Path) -> None:
     capacity = 128 * BLOCK_SIZE
     cache = open_cache(tmp_path, capacity)
