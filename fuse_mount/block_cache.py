@@ -78,12 +78,9 @@ class PageIn(NamedTuple):
 def whole_extents(puts: dict[int, bytes]) -> list[int]:
     """The first keys of the extents all of whose blocks ``puts`` (in key order) holds whole:
     a batch stores them as extents (``BlockStore.write_batch``)."""
-    extents = []
-    for first in puts:
-        keys = range(first, first + EXTENT_BLOCKS)
-        if first % EXTENT_BLOCKS == 0 and all(len(puts.get(k, b"")) == BLOCK_SIZE for k in keys):
-            extents.append(first)
-    return extents
+    get = puts.get
+    return [first for first in puts if not first % EXTENT_BLOCKS and all(
+        len(get(key, b"")) == BLOCK_SIZE for key in range(first, first + EXTENT_BLOCKS))]
 
 
 class BlockCache:
@@ -202,7 +199,8 @@ class BlockCache:
     def _unpack(self, extent: int) -> None:
         """One of an extent's blocks leaves the cache or is put again: the next batch deletes
         the extent's rows, and its other blocks leave with it (they have no rows of their own;
-        read together, they are about as old as the one that goes)."""
+        landed together, and read together by a reader going forward, they are about as old
+        as the one that goes)."""
         self._packed.discard(extent)
         self._unpacked[extent] = None
         for key in range(extent, extent + EXTENT_BLOCKS):
@@ -381,10 +379,11 @@ class BlockCache:
                                           addresses, length, extents)
         if data is not None:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
-            # meanwhile: keys name one version, and every checksum was verified. An extent
-            # read is used whole: the block of it least recently used is the one the policy
-            # evicts, and the extent goes with it.
-            self._touch_run(span)
+            # meanwhile: keys name one version, and every checksum was verified. Only the
+            # run's blocks count as used, not the rest of its extents: stamping those too
+            # cost a random 16 KiB read four times the stamps, a sixth more of the daemon's
+            # CPU in a shuffled epoch (docs/throughput.md, session 51).
+            self._touch_run(keys)
         return data
 
     def _continues(self, keys: range) -> bool:

@@ -228,24 +228,6 @@ async def _put_each(cache, blocks: dict[BlockKey, bytes]) -> None:
         await cache.flush()
 
 
-def test_a_read_of_part_of_an_extent_keeps_all_of_it(tmp_path: Path) -> None:
-    """Its blocks leave together: the least recently used block must not be one just read
-    with the rest of its extent."""
-    cache = open_cache(tmp_path, 32 * BLOCK_SIZE)
-    blocks = _blocks(0, 32)
-    other = {BlockKey(2, 1, b): block_bytes(BlockKey(2, 1, b), BLOCK_SIZE, 0) for b in range(8)}
-
-    async def main() -> None:
-        cache.put_run(*FILE, 0, list(blocks.values()))
-        await cache.flush()
-        assert await cache.read_run(*FILE, 2, 2) == _joined(blocks, 2, 2)
-        cache.put_run(2, 1, 0, list(other.values()))
-        await cache.flush()
-    run(main)
-    assert set(cache.held_keys()) == set(list(blocks)[:16]) | set(other)
-    cache.close()
-
-
 def test_a_damaged_extent_is_dropped_and_counted(tmp_path: Path) -> None:
     cache = open_cache(tmp_path, 64 * BLOCK_SIZE)
     blocks = _blocks(0, 16)
