@@ -190,7 +190,8 @@ def _walk_run(txn: lmdb.Transaction, db: lmdb._Database, file_id: int, version: 
 
 
 class _DamagedExtent(Exception):
-    """A stored extent's value is not the length of one."""
+    """A stored extent's value or row is not the length of one, or a block read of it fails
+    its own checksum."""
 
 
 class _Segment(NamedTuple):
@@ -362,14 +363,15 @@ class BlockStore:
     def _read_part(self, txn: lmdb.Transaction, file_id: int, version: int, extent: int,
                    first: int, count: int) -> tuple[bytes, memoryview] | None:
         """Blocks ``[first, first + count)``, part of the stored extent from block ``extent``,
-        each checked against its own checksum, and the extent's head; None unless all are
-        stored and intact."""
+        each checked against its own checksum, and the extent's head; None if the extent is not
+        stored; raises ``_DamagedExtent`` if it or a block read fails its check."""
         key = _KEY.pack(file_id, version, extent)
         head = txn.get(key, db=self._extents)
         row = txn.get(key, db=self._extent_tails)
-        if (head is None or row is None or len(head) != EXTENT_VALUE_BYTES
-                or len(row) != EXTENT_TAIL_ROW_BYTES):
+        if head is None or row is None:
             return None
+        if len(head) != EXTENT_VALUE_BYTES or len(row) != EXTENT_TAIL_ROW_BYTES:
+            raise _DamagedExtent
         skip = first - extent
         start = CHECKSUM_BYTES + skip * BLOCK_SIZE
         if skip + count < EXTENT_BLOCKS:
@@ -380,41 +382,27 @@ class BlockStore:
         with memoryview(data) as view:
             if list(map(xxhash.xxh3_64_intdigest,
                         map(view.__getitem__, _whole_block_slices(count)))) != stored:
-                return None
+                raise _DamagedExtent
         return data, head
 
-    def _extent(self, txn: lmdb.Transaction, file_id: int, version: int, first: int
-                ) -> bytes | None:
-        """The stored extent from block ``first``, verified; b"" if it is damaged, None if
-        there is none."""
-        try:
-            walked = self._walk(txn, file_id, version, [_Segment(first, 1, True)])
-        except _DamagedExtent:
-            return b""
-        if walked is None:
-            return None
-        return _join_verified(*walked) or b""
-
     def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, bytes], list[BlockKey]]:
-        """Blocks found (verified), and keys whose stored bytes failed their checksum."""
+        """Blocks found (verified), and keys whose stored bytes failed their checksum. A block
+        of an extent is checked against its own checksum, as a block on its own is."""
         found: dict[BlockKey, bytes] = {}
         corrupt: list[BlockKey] = []
-        extents: dict[tuple[int, int, int], bytes | None] = {}
         with self.env.begin(buffers=True) as txn:
             for key in keys:
-                where = (key.file_id, key.version, extent_of(key.block))
                 packed = key.pack()
-                # A block is looked for on its own unless its extent was found for another.
-                head = None if extents.get(where) else txn.get(packed, db=self._blocks)
+                head = txn.get(packed, db=self._blocks)
                 if head is None:
-                    if where not in extents:
-                        extents[where] = self._extent(txn, *where)
-                    extent = extents[where]
-                    if extent == b"":
+                    file_id, version, block = key
+                    try:
+                        part = self._read_part(txn, file_id, version, extent_of(block), block, 1)
+                    except _DamagedExtent:
                         corrupt.append(key)
-                    elif extent is not None:
-                        start = (key.block - where[2]) * BLOCK_SIZE
-                        found[key] = extent[start:start + BLOCK_SIZE]
+                        continue
+                    if part is not None:
+                        found[key] = part[0]
                     continue
                 tail = txn.get(packed, db=self._tails)
                 data = bytes(head[CHECKSUM_BYTES:]) + (b"" if tail is None else bytes(tail))
@@ -429,7 +417,10 @@ class BlockStore:
         """The run's blocks verified, with its walk's heads and segments (for their places)."""
         if (len(extents) == 1 and count < EXTENT_BLOCKS and extents[0] <= first
                 and first + count <= extents[0] + EXTENT_BLOCKS):
-            part = self._read_part(txn, file_id, version, extents[0], first, count)
+            try:
+                part = self._read_part(txn, file_id, version, extents[0], first, count)
+            except _DamagedExtent:
+                return None
             return None if part is None else (part[0], [part[1]], [_Segment(extents[0], 1, True)])
         segments = (_segments(first, first + count, extents) if extents
                     else [_Segment(first, count, False)])
