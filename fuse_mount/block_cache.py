@@ -381,8 +381,8 @@ class BlockCache:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
             # meanwhile: keys name one version, and every checksum was verified. Only the
             # run's blocks count as used, not the rest of its extents: stamping those too
-            # cost a random 16 KiB read four times the stamps, a sixth more of the daemon's
-            # CPU in a shuffled epoch (docs/throughput.md, session 51).
+            # gave a random 16 KiB read four times the stamps to keep and write
+            # (docs/repro.md, session 51).
             self._touch_run(keys)
         return data
 
