@@ -325,8 +325,9 @@ class BlockCache:
         block of it waits in memory for the writer, or any block is missing or damaged on disk:
         ``get_many`` then serves what there is, block by block, and drops what is damaged.
 
-        A stored extent is read whole, so the run's places and pages, for the residency check
-        and for the kernel, are those of ``span``: the run widened to its extents' ends.
+        The residency check and the advice to the kernel cover the stored extents the run
+        reads whole (``span``: the run widened to their ends), as a read of whole extents
+        touches them all.
         """
         if count <= 0:
             return b""
