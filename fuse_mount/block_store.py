@@ -594,12 +594,13 @@ class BlockStore:
                 txn.put(_KEY.pack(*key), _STAMP_ROW.pack(stamp, size, offset), db=self._stamps)
 
     def page_in_trees(self) -> int:
-        """Have the kernel read the trees of the stamp, blocks and tails tables from the disk at
-        once (``lmdb_pages``; at most ``1 / TREE_RAM_SHARE`` of the RAM); returns the pages asked
-        for. The index walk that follows, and the first lookups of each block after a mount over
-        a cache file not in memory, then find them there, rather than fault them in a page at a
-        time: those lookups are made on the event loop for the runs it reads itself
-        (``read_run_resident``, which checks the values' pages only)."""
+        """Have the kernel read the trees of the stamp, extent and block tables (not their
+        values' own pages) from the disk at once (``lmdb_pages``; at most ``1 /
+        TREE_RAM_SHARE`` of the RAM); returns the pages asked for. The index walk that follows,
+        and the first lookups of each block after a mount over a cache file not in memory, then
+        find them there, rather than fault them in a page at a time: those lookups are made on
+        the event loop for the runs it reads itself (``read_run_resident``, which checks the
+        values' pages only)."""
         budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // TREE_RAM_SHARE
         return page_in_tables(self.env, [STAMPS_TABLE, EXTENTS_TABLE, EXTENT_TAILS_TABLE,
                                          BLOCKS_TABLE, TAILS_TABLE],
