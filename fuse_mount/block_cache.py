@@ -24,7 +24,7 @@ from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
-from .block_store import EXTENT_BLOCKS, VALUE_BYTES, BlockKey, BlockStore
+from .block_store import EXTENT_BLOCKS, VALUE_BYTES, BlockKey, BlockStore, extent_of
 from .cache_writer import CacheWriteError, CacheWriter
 from .key_space import KeySpace, slot_of
 from .residency import ResidencyProbe, merged_spans, run_stretch, will_need_spans
@@ -187,8 +187,8 @@ class BlockCache:
         metrics.CACHE_USED_BYTES.set(self.policy.used)
 
     def _record(self, key: int, data: bytes | None) -> None:
-        if self._packed and key - key % EXTENT_BLOCKS in self._packed:
-            self._unpack(key - key % EXTENT_BLOCKS)
+        if self._packed and (extent := extent_of(key)) in self._packed:
+            self._unpack(extent)
         self._ops[key] = data
         self._addresses.pop(key, None)
         if data is _DELETED:
@@ -220,8 +220,8 @@ class BlockCache:
 
     def _extents_of(self, keys: range) -> list[int]:
         """The first keys of the stored extents that hold blocks of the run ``keys``."""
-        start = keys[0] - keys[0] % EXTENT_BLOCKS
-        return [e for e in range(start, keys[-1] + 1, EXTENT_BLOCKS) if e in self._packed]
+        return [e for e in range(extent_of(keys[0]), keys[-1] + 1, EXTENT_BLOCKS)
+                if e in self._packed]
 
     def _span(self, keys: range, first: int) -> tuple[range, list[int]]:
         """The run ``keys`` (from block ``first``) widened to the ends of the stored extents it

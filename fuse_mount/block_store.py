@@ -169,8 +169,15 @@ def _map_base(data_file: str) -> int | None:
 
 
 def extent_of(block: int) -> int:
-    """The first block of the extent that holds ``block``."""
+    """The first block of the extent that holds ``block`` (also of an int key of
+    ``key_space``, whose file versions start at multiples of ``EXTENT_BLOCKS``)."""
     return block - block % EXTENT_BLOCKS
+
+
+def _extent_block_addresses(address: int) -> range:
+    """Where each block of the extent whose value lies at ``address`` is placed (see
+    ``_head_addresses``)."""
+    return range(address, address + EXTENT_BYTES, BLOCK_SIZE)
 
 
 def _walk_run(txn: lmdb.Transaction, db: lmdb._Database, file_id: int, version: int,
@@ -240,7 +247,7 @@ def _head_addresses(heads: list[memoryview], segments: list[_Segment]) -> list[i
             spread += values
             continue
         for address in values:
-            spread += range(address, address + EXTENT_BYTES, BLOCK_SIZE)
+            spread += _extent_block_addresses(address)
     return spread
 
 
@@ -531,9 +538,9 @@ class BlockStore:
                 value = txn.get(_KEY.pack(*first), db=self._extents)
                 if value is not None:
                     file_id, version, block = first
-                    at = buffer_address(value)  # as ``_head_addresses`` places its blocks
-                    for i in range(EXTENT_BLOCKS):
-                        addresses[BlockKey(file_id, version, block + i)] = at + i * BLOCK_SIZE
+                    places = _extent_block_addresses(buffer_address(value))
+                    for i, place in enumerate(places):
+                        addresses[BlockKey(file_id, version, block + i)] = place
             for key in puts:
                 if key not in addresses:
                     value = txn.get(_KEY.pack(*key), db=self._blocks)
