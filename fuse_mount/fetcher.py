@@ -35,6 +35,8 @@ _CACHE_BYTES = metrics.READ_BYTES.labels(metrics.SOURCE_CACHE)
 _HUB_BYTES = metrics.READ_BYTES.labels(metrics.SOURCE_HUB)
 _CACHE_LATENCY = metrics.READ_LATENCY.labels(metrics.SOURCE_CACHE)
 _HUB_LATENCY = metrics.READ_LATENCY.labels(metrics.SOURCE_HUB)
+_HITS = metrics.CACHE_HITS.labels()
+_MISSES = metrics.CACHE_MISSES.labels()
 
 
 class ShortReadError(Exception):
@@ -146,7 +148,7 @@ class BlockFetcher:
         whole = await self.cache.read_run(entry.file_id, entry.version, span.first, span.count)
         if whole is not None:  # every block from the cache, in one piece
             data = whole[start:start + length]
-            metrics.CACHE_HITS.inc(span.count)
+            _HITS.inc(span.count)
             _CACHE_BYTES.inc(len(data))
             _CACHE_LATENCY.observe(trio.current_time() - started)
             return data
@@ -154,9 +156,9 @@ class BlockFetcher:
         blocks = await self.cache.get_many(keys)
         from_cache = set(blocks)
         missing = [k for k in keys if k not in blocks]
-        metrics.CACHE_HITS.inc(len(from_cache))
+        _HITS.inc(len(from_cache))
         if missing:
-            metrics.CACHE_MISSES.inc(len(missing))
+            _MISSES.inc(len(missing))
             self.on_miss()
             blocks.update(await self._fetch(entry, missing))
         data = b"".join(blocks[k] for k in keys)[start:start + length]

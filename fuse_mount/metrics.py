@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
 from .loop_load import LoopThread, ThreadTimes
+from .loop_metrics import LoopCounterFamily, LoopHistogramFamily, LoopMetrics
 
 SOURCE_CACHE = "cache"
 SOURCE_HUB = "hub"
@@ -19,7 +20,9 @@ PATH_THREAD = "reader_thread"
 READ_AHEAD_WARM = "warm"
 READ_AHEAD_COLD = "cold"
 
-READS = Counter("neuralcache_reads_total", "FUSE read requests served, by outcome.", ["outcome"])
+# Bumped by every FUSE read, on the event loop: without a lock (``loop_metrics``).
+READS = LoopCounterFamily("neuralcache_reads_total", "FUSE read requests served, by outcome.",
+                          ["outcome"])
 OPENS = Counter(
     "neuralcache_opens_total",
     "Data files opened, by the kernel readahead they were given: warm if every block of the "
@@ -27,21 +30,23 @@ OPENS = Counter(
 EXACT_OPENS = Counter(
     "neuralcache_exact_opens_total",
     "Files opened with direct I/O (no kernel readahead): a job's exact hints named them.")
-READ_BYTES = Counter(
+READ_BYTES = LoopCounterFamily(
     "neuralcache_read_bytes_total",
     "Bytes returned to readers, by where the blocks came from (cache, hub).", ["source"])
-CACHE_MISSES = Counter(
+CACHE_MISSES = LoopCounterFamily(
     "neuralcache_cache_miss_blocks_total", "Blocks a read needed that were not in the cache.")
-CACHE_HITS = Counter(
+CACHE_HITS = LoopCounterFamily(
     "neuralcache_cache_hit_blocks_total", "Blocks a read found in the cache.")
-READ_LATENCY = Histogram(
+READ_LATENCY = LoopHistogramFamily(
     "neuralcache_read_latency_seconds", "Time to serve one FUSE read, by source.", ["source"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
              1.0, 2.5, 5.0, 10.0))
-CACHE_RUN_READS = Counter(
+CACHE_RUN_READS = LoopCounterFamily(
     "neuralcache_cache_run_reads_total",
     "Warm reads of a run of cached blocks from LMDB, by where they ran: 'inline' on the event "
     "loop (short, every page in RAM) or handed to the 'reader_thread'.", ["path"])
+REGISTRY.register(LoopMetrics([READS, READ_BYTES, CACHE_MISSES, CACHE_HITS, READ_LATENCY,
+                               CACHE_RUN_READS]))
 CACHE_READER_WAIT = Histogram(
     "neuralcache_cache_reader_wait_seconds",
     "Time a read handed to the cache's reader thread spent not being read: queued behind "

@@ -29,6 +29,7 @@ from fabric.export import Export
 from fabric.hub import _Retransmissions
 from fabric.transport import tcp
 from fuse_mount.launch import Hub, Spoke
+from fuse_mount.loop_metrics import LoopFamily
 from neuralcache.blocks import BLOCK_SIZE
 from tests.conftest import needs_fuse
 
@@ -58,7 +59,8 @@ def exposed_name(family_name: str, kind: str) -> str:
 
 def module_entries(*modules: ModuleType) -> dict[str, Entry]:
     """Every metric the modules define, keyed by exposed name: metric objects, and the families
-    of collectors that read their values at scrape time (unlabelled)."""
+    of collectors that read their values at scrape time (unlabelled), and the event loop's
+    lock-free families (``loop_metrics``)."""
     out = {}
     for module in modules:
         for obj in vars(module).values():
@@ -66,6 +68,10 @@ def module_entries(*modules: ModuleType) -> dict[str, Entry]:
                 family = obj.describe()[0]
                 name = exposed_name(family.name, family.type)
                 out[name] = Entry(name, family.type, tuple(obj._labelnames), family.documentation)
+            elif isinstance(obj, LoopFamily):
+                family = obj.family()
+                name = exposed_name(family.name, family.type)
+                out[name] = Entry(name, family.type, tuple(obj.labelnames), family.documentation)
             elif (callable(getattr(obj, "describe", None))
                   and not isinstance(obj, (type, CollectorRegistry))):
                 for family in obj.describe():
