@@ -24,7 +24,8 @@ from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
-from .block_store import EXTENT_BLOCKS, VALUE_BYTES, BlockKey, BlockStore, extent_of
+from .block_store import (EXTENT_BLOCKS, EXTENT_VALUE_BYTES, VALUE_BYTES, BlockKey, BlockStore,
+                          extent_of)
 from .cache_writer import CacheWriteError, CacheWriter
 from .key_space import KeySpace, slot_of
 from .residency import ResidencyProbe, merged_spans, run_stretch, will_need_spans
@@ -327,19 +328,19 @@ class BlockCache:
 
         The residency check and the advice to the kernel cover the stored extents the run
         reads whole (``span``: the run widened to their ends), as a read of whole extents
-        touches them all.
+        touches them all. A run inside one stored extent is checked and read the short way
+        first (``_read_in_extent``).
         """
         if count <= 0:
             return b""
         keys = self.keys.run(file_id, version, first, count)
         follows = self._continues(keys)
-        holds = self.policy.holds
-        if not (holds(keys[0]) and holds(keys[-1])):
+        data = self._read_in_extent(file_id, version, first, keys)
+        if data is not None:
+            self._touch_run(keys)
+            return data
+        if not self._may_be_stored(keys):
             return None
-        if ((self._ops and not self._ops.keys().isdisjoint(keys))
-                or (self._writing and not self._writing.keys().isdisjoint(keys))):
-            return None
-        data = None
         span, extents = self._span(keys, first)
         get = self._addresses.get
         length = VALUE_BYTES
@@ -385,6 +386,38 @@ class BlockCache:
             # gave a random 16 KiB read four times the stamps to keep and write
             # (docs/repro.md, session 51).
             self._touch_run(keys)
+        return data
+
+    def _may_be_stored(self, keys: range) -> bool:
+        """Whether LMDB may hold the run as the cache has it: its first and last blocks held,
+        and none of it waiting in memory for the writer."""
+        holds = self.policy.holds
+        if not (holds(keys[0]) and holds(keys[-1])):
+            return False
+        return not ((self._ops and not self._ops.keys().isdisjoint(keys))
+                    or (self._writing and not self._writing.keys().isdisjoint(keys)))
+
+    def _read_in_extent(self, file_id: int, version: int, first: int, keys: range
+                        ) -> bytes | None:
+        """The run ``keys`` (from block ``first``) if it lies inside one stored extent, read on
+        the event loop if every page of the extent's value is in RAM; else None (``read_run``
+        then goes the general way, which sorts out a damaged extent too).
+
+        A random 16 KiB read of a cache filled in order: its extent's place in the map is
+        the place of its first block, and its pages are one stretch, so this takes one look-up
+        and one ``mincore`` where the general way looks up each block of the extent and
+        merges their places (a tenth of the read's time on the event loop).
+        """
+        extent = extent_of(keys[0])
+        if (keys[-1] >= extent + EXTENT_BLOCKS or extent not in self._packed
+                or self.inline_max_blocks < EXTENT_BLOCKS):
+            return None
+        address = self._addresses.get(extent)
+        if address is None or not self._probe.stretch_resident(address, EXTENT_VALUE_BYTES):
+            return None
+        data = self.store.read_part(file_id, version, extent_of(first), first, len(keys))
+        if data is not None:
+            _INLINE_READS.inc()
         return data
 
     def _continues(self, keys: range) -> bool:

@@ -392,6 +392,18 @@ class BlockStore:
                 raise _DamagedExtent
         return data, head
 
+    def read_part(self, file_id: int, version: int, extent: int, first: int, count: int
+                  ) -> bytes | None:
+        """Blocks ``[first, first + count)`` inside the stored extent from block ``extent``,
+        each checked against its own checksum; None if the extent is not stored or fails a
+        check (``read_run`` and ``get_many`` then sort out which)."""
+        with self.env.begin(buffers=True) as txn:
+            try:
+                part = self._read_part(txn, file_id, version, extent, first, count)
+            except _DamagedExtent:
+                return None
+        return None if part is None else part[0]
+
     def get_many(self, keys: Iterable[BlockKey]) -> tuple[dict[BlockKey, bytes], list[BlockKey]]:
         """Blocks found (verified), and keys whose stored bytes failed their checksum. A block
         of an extent is checked against its own checksum, as a block on its own is."""

@@ -85,6 +85,11 @@ class ResidencyProbe:
         does not say (the caller then takes the path that may wait)."""
         return self.spans_resident(_spans(addresses, length))
 
+    def stretch_resident(self, address: int, length: int) -> bool:
+        """``all_resident`` over one stretch ``[address, address + length)`` of the map (one
+        value), with one ``mincore`` call."""
+        return self._span_resident(address & _PAGE_MASK, address + length)
+
     def spans_resident(self, spans: list[tuple[int, int]]) -> bool:
         """``all_resident`` over page-aligned spans ``[start, end)`` (``merged_spans``)."""
         for start, end in spans:

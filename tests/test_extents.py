@@ -8,7 +8,9 @@ what was put.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,15 +21,21 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from bench.mount_procs import drop_page_cache
 from fabric.checksum import block_checksum
 from fuse_mount import block_store
 from fuse_mount.block_store import (EXTENT_BLOCKS, EXTENT_HEAD_BYTES, EXTENT_TAIL_BYTES,
                                     BlockKey, BlockStore, extent_of)
+from fuse_mount.residency import PAGE_SIZE, ResidencyProbe
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 from tests.test_block_cache import block_bytes, open_cache, run
 
 FILE = (1, 1)
+RUN_READS = "neuralcache_cache_run_reads_total"
+THREAD = {"path": "reader_thread"}
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def _blocks(first: int, count: int, size: int = BLOCK_SIZE) -> dict[BlockKey, bytes]:
@@ -248,6 +256,44 @@ def test_a_damaged_extent_is_dropped_and_counted(tmp_path: Path) -> None:
     assert cache.held_keys() == []  # the whole extent, not just the two asked for
     run(cache.flush)
     assert cache.store.extents() == [] and cache.store.index() == []
+    cache.close()
+
+
+def test_a_read_inside_an_extent_is_served_on_the_loop_while_its_pages_are_in_ram(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A random 16 KiB read of a cache filled in order: one look-up of the extent's place and
+    one residency check, on the event loop. With the pages out it goes to the reader thread,
+    and a damaged extent is refused, as the general way does."""
+    store, blocks = _written(tmp_path, 32, [0, 16])
+    store.close()
+    cache = open_cache(tmp_path, 64 * BLOCK_SIZE)
+    # The batch's stamp rows say where the values lie: the cache knows it from the mount.
+    assert cache.keys.key(*FILE, 16) in cache._addresses
+    inline, thread = metric(RUN_READS, {"path": "inline"}), metric(RUN_READS, THREAD)
+    general = cache.store.read_run_resident
+
+    def not_this_way(*args: object) -> None:
+        raise AssertionError("a read inside a stored extent took the general way")
+    monkeypatch.setattr(cache.store, "read_run_resident", not_this_way)
+    for first, count in [(20, 4), (16, 16), (31, 1)]:
+        assert run(cache.read_run, *FILE, first, count) == _joined(blocks, first, count)
+    assert metric(RUN_READS, {"path": "inline"}) == inline + 3
+    assert metric(RUN_READS, THREAD) == thread
+    monkeypatch.setattr(cache.store, "read_run_resident", general)
+
+    probe = ResidencyProbe()
+    extent = cache._addresses[cache.keys.key(*FILE, 16)]
+    start = extent & ~(PAGE_SIZE - 1)
+    assert _libc.madvise(start, EXTENT_BLOCKS * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
+    drop_page_cache(tmp_path / "data.mdb")
+    if probe.stretch_resident(extent, EXTENT_BLOCKS * PAGE_SIZE - 16):
+        pytest.skip("this filesystem keeps the file in the page cache")
+    assert run(cache.read_run, *FILE, 20, 4) == _joined(blocks, 20, 4)
+    assert metric(RUN_READS, THREAD) == thread + 1
+
+    with cache.store.env.begin(write=True) as txn:
+        txn.put(BlockKey(*FILE, 16).pack(), b"y" * 24, db=cache.store._extent_tails)
+    assert run(cache.read_run, *FILE, 20, 4) is None  # get_many then drops it
     cache.close()
 
 
