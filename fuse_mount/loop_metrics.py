@@ -1,20 +1,25 @@
 """Counters and histograms that the event loop bumps on every FUSE read, without a lock.
 
 prometheus_client's counters and histograms take a lock on every ``inc`` and ``observe``
-(about 1 and 2 us each here). A warm 16 KiB read made five such calls: a tenth of its time on
-the event loop (docs/throughput.md, session 52). These metrics are plain numbers instead,
-changed by the event loop's thread alone and read when scraped; under the GIL a scrape from
-another thread sees each number whole. They are exposed as prometheus_client's would be.
+(about 1 and 2 us each here). A warm 16 KiB read made five such calls: a seventh of
+``BlockFetcher.read``'s time (docs/throughput.md, session 52). These metrics are plain numbers
+instead, changed by the event loop's thread alone and read when scraped; under the GIL a
+scrape from another thread sees each number whole (a histogram's count and sum may be one
+observation apart). They are exposed as prometheus_client's would be.
 """
 
 from __future__ import annotations
 
 import bisect
-from typing import Iterable, Sequence
+import functools
+import itertools
+from typing import Callable, Generic, Iterable, Sequence, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+Child = TypeVar("Child")
 
 
 class LoopCounter:
@@ -44,63 +49,59 @@ class LoopHistogram:
         self.sum += value
 
 
-class LoopFamily:
+class LoopFamily(Generic[Child]):
     """A metric's children by label values, made on first use as prometheus_client's are."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str]) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
+                 new_child: Callable[[], Child]) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = list(labelnames)
+        self._new_child = new_child
+        self._children: dict[tuple[str, ...], Child] = {}
 
-
-class LoopCounterFamily(LoopFamily):
-    """A counter (``name`` ends in ``_total``) with zero or more labels."""
-
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, documentation, labelnames)
-        self._children: dict[tuple[str, ...], LoopCounter] = {}
-
-    def labels(self, *values: str) -> LoopCounter:
+    def labels(self, *values: str) -> Child:
         if len(values) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
         child = self._children.get(values)
         if child is None:
-            child = self._children[values] = LoopCounter()
+            child = self._children[values] = self._new_child()
         return child
+
+    def children(self) -> list[tuple[list[str], Child]]:
+        """Each child with its label values, as they are now (a scrape runs in another
+        thread, which the loop may add children under)."""
+        return [(list(values), child) for values, child in list(self._children.items())]
+
+
+class LoopCounterFamily(LoopFamily[LoopCounter]):
+    """A counter (``name`` ends in ``_total``) with zero or more labels."""
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, documentation, labelnames, LoopCounter)
 
     def family(self) -> Metric:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            family.add_metric(list(values), child.value)
+        for values, child in self.children():
+            family.add_metric(values, child.value)
         return family
 
 
-class LoopHistogramFamily(LoopFamily):
+class LoopHistogramFamily(LoopFamily[LoopHistogram]):
     """A histogram with ``buckets`` (upper bounds, ascending; +Inf is added) and labels."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  buckets: Sequence[float]) -> None:
-        super().__init__(name, documentation, labelnames)
         self.buckets = tuple(buckets)
+        super().__init__(name, documentation, labelnames,
+                         functools.partial(LoopHistogram, self.buckets))
         self._bounds = [*map(floatToGoString, self.buckets), "+Inf"]
-        self._children: dict[tuple[str, ...], LoopHistogram] = {}
-
-    def labels(self, *values: str) -> LoopHistogram:
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {values}")
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = LoopHistogram(self.buckets)
-        return child
 
     def family(self) -> Metric:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for values, child in list(self._children.items()):
-            cumulative, total = [], 0
-            for bound, count in zip(self._bounds, list(child.counts)):
-                total += count
-                cumulative.append((bound, total))
-            family.add_metric(list(values), cumulative, child.sum)
+        for values, child in self.children():
+            cumulative = list(zip(self._bounds, itertools.accumulate(list(child.counts))))
+            family.add_metric(values, cumulative, child.sum)
         return family
 
 
