@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from typing import Callable, Generic, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -68,6 +68,10 @@ class LoopFamily(Generic[Child]):
             child = self._children[values] = self._new_child()
         return child
 
+    def family(self) -> Metric:
+        """The metric as the registry exposes it now."""
+        raise NotImplementedError
+
     def children(self) -> list[tuple[list[str], Child]]:
         """Each child with its label values, as they are now (a scrape runs in another
         thread, which the loop may add children under)."""
@@ -108,7 +112,7 @@ class LoopHistogramFamily(LoopFamily[LoopHistogram]):
 class LoopMetrics(Collector):
     """Exports ``families`` when the registry is scraped."""
 
-    def __init__(self, families: Iterable[LoopCounterFamily | LoopHistogramFamily]) -> None:
+    def __init__(self, families: Iterable[LoopFamily[Any]]) -> None:
         self.families = list(families)
 
     def describe(self) -> list[Metric]:
