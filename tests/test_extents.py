@@ -8,9 +8,7 @@ what was put.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,7 +19,6 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from bench.mount_procs import drop_page_cache
 from fabric.checksum import block_checksum
 from fuse_mount import block_store
 from fuse_mount.block_store import (EXTENT_BLOCKS, EXTENT_HEAD_BYTES, EXTENT_TAIL_BYTES,
@@ -30,12 +27,11 @@ from fuse_mount.residency import PAGE_SIZE, ResidencyProbe
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 from tests.test_block_cache import block_bytes, open_cache, run
+from tests.test_inline_read import evict
 
 FILE = (1, 1)
 RUN_READS = "neuralcache_cache_run_reads_total"
 THREAD = {"path": "reader_thread"}
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def _blocks(first: int, count: int, size: int = BLOCK_SIZE) -> dict[BlockKey, bytes]:
@@ -283,9 +279,7 @@ def test_a_read_inside_an_extent_is_served_on_the_loop_while_its_pages_are_in_ra
 
     probe = ResidencyProbe()
     extent = cache._addresses[cache.keys.key(*FILE, 16)]
-    start = extent & ~(PAGE_SIZE - 1)
-    assert _libc.madvise(start, EXTENT_BLOCKS * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
-    drop_page_cache(tmp_path / "data.mdb")
+    evict(tmp_path / "data.mdb", [(extent & ~(PAGE_SIZE - 1), EXTENT_BLOCKS * PAGE_SIZE)])
     if probe.stretch_resident(extent, EXTENT_BLOCKS * PAGE_SIZE - 16):
         pytest.skip("this filesystem keeps the file in the page cache")
     assert run(cache.read_run, *FILE, 20, 4) == _joined(blocks, 20, 4)

@@ -33,6 +33,15 @@ def mapped_file(tmp_path: Path):
         yield path, mm
 
 
+def evict(data_file: Path, stretches: list[tuple[int, int]]) -> None:
+    """Put the map's pages under each stretch ``(address, length)`` out of this process's page
+    tables, then the cache file out of RAM."""
+    for address, length in stretches:
+        start = address & ~(PAGE_SIZE - 1)
+        assert _libc.madvise(start, address + length - start, mmap.MADV_DONTNEED) == 0
+    drop_page_cache(data_file)
+
+
 def address_of(cache: BlockCache, key: BlockKey) -> int | None:
     """Where the cache believes the block's value lies in its map, if it knows."""
     return cache._addresses.get(cache.keys.key(*key))
@@ -126,10 +135,8 @@ def test_a_run_whose_pages_were_evicted_is_read_by_the_thread_then_inline(
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 1
         addresses = [address_of(cache, k) for k in keys]
         probe = ResidencyProbe()
-        for address in cache._addresses.values():  # out of this process's page tables
-            start = address & ~(PAGE_SIZE - 1)
-            assert _libc.madvise(start, 2 * PAGE_SIZE, mmap.MADV_DONTNEED) == 0
-        drop_page_cache(tmp_path / "data.mdb")  # then out of RAM
+        evict(tmp_path / "data.mdb",
+              [(a & ~(PAGE_SIZE - 1), 2 * PAGE_SIZE) for a in cache._addresses.values()])
         if probe.all_resident(addresses, 1):
             pytest.skip("this filesystem keeps the file in the page cache")
         assert cache.store.read_run_resident(1, 1, first, count, addresses, probe) is None
