@@ -22,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.checksum import block_checksum
 from fuse_mount import block_store
 from fuse_mount.block_store import (EXTENT_BLOCKS, EXTENT_HEAD_BYTES, EXTENT_TAIL_BYTES,
-                                    BlockKey, BlockStore, extent_of)
-from fuse_mount.residency import PAGE_SIZE, ResidencyProbe
+                                    EXTENT_VALUE_BYTES, BlockKey, BlockStore, extent_of)
+from fuse_mount.residency import ResidencyProbe
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 from tests.test_block_cache import block_bytes, open_cache, run
@@ -279,8 +279,8 @@ def test_a_read_inside_an_extent_is_served_on_the_loop_while_its_pages_are_in_ra
 
     probe = ResidencyProbe()
     extent = cache._addresses[cache.keys.key(*FILE, 16)]
-    evict(tmp_path / "data.mdb", [(extent & ~(PAGE_SIZE - 1), EXTENT_BLOCKS * PAGE_SIZE)])
-    if probe.stretch_resident(extent, EXTENT_BLOCKS * PAGE_SIZE - 16):
+    evict(tmp_path / "data.mdb", [(extent, EXTENT_VALUE_BYTES)])
+    if probe.stretch_resident(extent, EXTENT_VALUE_BYTES):
         pytest.skip("this filesystem keeps the file in the page cache")
     assert run(cache.read_run, *FILE, 20, 4) == _joined(blocks, 20, 4)
     assert metric(RUN_READS, THREAD) == thread + 1
