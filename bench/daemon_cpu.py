@@ -1,7 +1,7 @@
 """What a warm read costs the daemon: CPU time and sleeps per pass, spoke beside memfs.
 
     python -m bench.daemon_cpu [--size 256M] [--random-reads 4096] [--rounds 2] [--from-disk]
-                               [--mount-option OPT]... [--workdir DIR]
+                               [--idle SECONDS] [--mount-option OPT]... [--workdir DIR]
 
 ``bench.throughput`` says how fast; this says where the daemon's side of it goes. It fills a
 spoke cache once (a cold sequential pass), then runs the same read passes as
@@ -14,6 +14,11 @@ read. On two cores shared with others, CPU time per pass is steadier than MB/s, 
 switches show what a thread hand-off per read costs. With ``--from-disk`` the cache file is
 evicted from the page cache before every spoke pass (``bench.throughput``'s "LMDB from disk"
 rows; memfs still serves from memory).
+
+With ``--idle SECONDS`` it also measures what a mount nobody reads costs, as a node's mount
+sits between jobs: the daemon's CPU and its wake-ups (voluntary switches) per second over
+``SECONDS``, once over the filled cache and once over an empty one (``--rounds 0`` measures
+only that).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +43,9 @@ DEFAULT_SIZE = "256M"
 DEFAULT_RANDOM_READS = 4096
 DEFAULT_ROUNDS = 2
 PASS_TIMEOUT = 300.0
+IDLE_SETTLE_SECONDS = 2.0
+"""Wait after an idle measure's mount before its window opens: the mount's own start-up work
+(reading the index, the first ticks) is not idling."""
 SEQUENTIAL_READ_BYTES = 1 << 20
 """Sequential FUSE reads are ~1 MiB, the most the kernel sends (bench.throughput counts them): a
 sequential figure per read is per this many bytes."""
@@ -102,6 +111,16 @@ def _measure(target: str, pattern: str, pid: int, path: str, offsets: str | None
             f"{used.involuntary / reads:>9.2f}")
 
 
+def _measure_idle(state: str, pid: int, seconds: float) -> str:
+    time.sleep(IDLE_SETTLE_SECONDS)
+    before = Usage.of(pid)
+    time.sleep(seconds)
+    used = Usage.of(pid) - before
+    return (f"idle, {state:<14}{used.cpu * 1e3 / seconds:>8.2f} ms CPU/s"
+            f"{used.loop_cpu * 1e3 / seconds:>8.2f} ms main thread/s"
+            f"{used.voluntary / seconds:>8.1f} wake-ups/s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.daemon_cpu",
                                      description=__doc__.split("\n")[0])
@@ -114,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-disk", action="store_true",
                         help="evict the spoke's cache file from the page cache before each "
                              "spoke pass")
+    parser.add_argument("--idle", type=float, default=0.0, metavar="SECONDS",
+                        help="also measure an unread mount's CPU over this long, over the "
+                             "filled cache and over an empty one")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)
     if args.size % READ_SIZE:
@@ -149,6 +171,14 @@ def main(argv: list[str] | None = None) -> int:
                         path = os.path.join(mountpoint, DATA_NAME)
                         print(_measure("spoke", pattern, pid, path, pattern_offsets,
                                        reads[pattern]), flush=True)
+            if args.idle > 0:
+                empty = os.path.join(scratch, "empty-cache")
+                for state, cache_dir in (("cache filled", cache), ("cache empty", empty)):
+                    with mount_procs.spoke(hub.address, cache_dir, mountpoint,
+                                           *spoke_options) as (spoke, _):
+                        pid = spoke.pid()
+                        assert pid is not None
+                        print(_measure_idle(state, pid, args.idle), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"load average (1 min) at end {os.getloadavg()[0]:.1f}; MB/s is {MB:.0e} bytes/s")
