@@ -11,9 +11,10 @@ anything but the append.
 
 A read does not wake the pump; a miss does (``BlockFetcher.on_miss``), so only cache hits
 wait, at most one tick, and for them the wait changes how often the prefetcher runs (once per
-tick for a batch of reads rather than once per read), not what it learns. A read that
-continues the previous read of its handle (a sequential stream) is merged into it while the
-pump has not taken it. With a trace recorded, reads are queued but never merged.
+tick for a batch of reads rather than once per read), not what it learns. A pump that has had
+nothing to do for ``REST_AFTER`` rests, ticking seldom; then the first read it is sent wakes
+it. A read that continues the previous read of its handle (a sequential stream) is merged into
+it while the pump has not taken it. With a trace recorded, reads are queued but never merged.
 
 Once there is nothing left to fetch, reads are not queued at all (``PrefetchPump.idle``): the
 cache holds every block of the snapshot, every prefetch is accounted for and no job sent hints.
@@ -61,6 +62,14 @@ log = logging.getLogger(__name__)
 TICK_INTERVAL = 0.05
 """Seconds between planning ticks: drops expired guesses, issues what the budgets now allow
 and publishes the prefetch metrics."""
+REST_AFTER = 1.0
+"""Seconds without a message for the pump, or a request issued by its tick, after which the
+pump rests: it ticks every ``RESTING_TICK_INTERVAL`` instead, until a message comes. A node's
+mount sits unread between jobs, where twenty ticks a second cost the daemon about 12 ms of CPU
+a second for nothing (``python -m bench.daemon_cpu --rounds 0 --idle 20``)."""
+RESTING_TICK_INTERVAL = 1.0
+"""Seconds between the ticks of a resting pump: guesses and unread prefetches still expire, at
+most this late, and the metrics stay this fresh."""
 MAX_QUEUED_READS = 10_000
 """Reads waiting for the pump beyond this are not shown to the prefetcher (and counted): it
 has fallen behind, and by the time it got to them they would describe the past."""
@@ -168,6 +177,7 @@ class PrefetchPump:
         self._stream_end: tuple[int, int, int] | None = None  # last read's (handle, file, end)
         fetcher.on_miss = self.wake
         self._wake = trio.Event()
+        self._resting = False  # ticking every RESTING_TICK_INTERVAL: a queued read wakes it
         self._nursery: trio.Nursery | None = None
         self._started = trio.current_time()
         self._published: dict[Any, int] = {}
@@ -200,6 +210,8 @@ class PrefetchPump:
             return
         inbox.append((_READ, trio.current_time(), fh, entry, offset, length))
         self._queued_reads += 1
+        if self._resting:
+            self._wake.set()
         self._queue_seconds += time.perf_counter() - started
 
     def idle(self) -> bool:
@@ -228,22 +240,33 @@ class PrefetchPump:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            next_tick = trio.current_time()
+            next_tick = busy_at = trio.current_time()
             while True:
                 with trio.move_on_at(next_tick):
                     await self._wake.wait()
+                woken = self._wake.is_set()
                 self._wake = trio.Event()
-                await self._drain()
+                handled = await self._drain()
                 now = trio.current_time()
+                if woken or handled:
+                    busy_at = now
+                    if self._resting:
+                        self._resting = False
+                        next_tick = min(next_tick, now + TICK_INTERVAL)
                 if now >= next_tick:
-                    self._tick(now)
-                    next_tick = now + TICK_INTERVAL
+                    if self._tick(now):
+                        busy_at = now
+                    self._resting = now - busy_at >= REST_AFTER
+                    next_tick = now + (RESTING_TICK_INTERVAL if self._resting else TICK_INTERVAL)
 
-    async def _drain(self) -> None:
+    async def _drain(self) -> int:
         """Hand the inbox to the prefetcher, planning once per batch of messages rather than
-        once per message: the plan's cost does not grow with the events behind it."""
+        once per message: the plan's cost does not grow with the events behind it. Returns how
+        many messages it handled."""
         inbox = self._inbox
+        handled = 0
         while inbox:
+            handled += min(len(inbox), PUMP_BATCH)
             for _ in range(min(len(inbox), PUMP_BATCH)):
                 self._handle(inbox.popleft())
             if self.prefetcher is not None:
@@ -253,6 +276,7 @@ class PrefetchPump:
                 self._issue(requests)
             if inbox:
                 await trio.sleep(0)
+        return handled
 
     def _handle(self, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -278,14 +302,19 @@ class PrefetchPump:
             _, request, ok = msg
             pf.complete(trio.current_time(), request, ok)
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float) -> bool:
+        """Plan with the link's latest estimate and publish; whether the plan issued anything."""
+        issued = False
         if self.prefetcher is not None:
             link = self._measure_link() or self._default_link
-            self._issue(self.prefetcher.plan(now, link))
+            requests = self.prefetcher.plan(now, link)
+            issued = bool(requests)
+            self._issue(requests)
         self.publish()
         if self._trace is not None and now >= self._next_trace_flush:
             self._trace.flush()
             self._next_trace_flush = now + TRACE_FLUSH_INTERVAL
+        return issued
 
     # prefetch fetches ------------------------------------------------------------------------
     def _issue(self, requests: list[PrefetchRequest]) -> None:

@@ -16,7 +16,8 @@ from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.fetcher import BlockFetcher
 from fuse_mount.namespace import Namespace
-from fuse_mount.prefetch import TICK_INTERVAL, PrefetchPump
+from fuse_mount.prefetch import (REST_AFTER, RESTING_TICK_INTERVAL, TICK_INTERVAL,
+                                 PrefetchPump)
 from neuralcache.blocks import BLOCK_SIZE
 from neuralcache.events import AccessEvent, LinkEstimate
 from tests.fabric_helpers import metric
@@ -160,6 +161,48 @@ def test_hits_reach_the_prefetcher_on_the_tick_merged_and_misses_at_once(tmp_pat
             assert [e for _, e in seen[2:]] == [
                 AccessEvent(2, ENTRY.file_id, 5 * BLOCK_SIZE, BLOCK_SIZE),
                 AccessEvent(1, ENTRY.file_id, 9 * BLOCK_SIZE, BLOCK_SIZE)]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    cache.close()
+
+
+def test_a_pump_with_nothing_to_do_rests_and_the_next_read_wakes_it(tmp_path: Path) -> None:
+    """No message for ``REST_AFTER``: the pump ticks once a ``RESTING_TICK_INTERVAL``, not
+    twenty times a second. A read sent to it then reaches the prefetcher at once, not on the
+    next resting tick, and the pump ticks often again."""
+    cache = open_cache(tmp_path)
+    seen: list[float] = []
+    ticks: list[float] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            pump, _ = await start_pump(cache, nursery, lambda now, event: seen.append(now))
+            assert pump.prefetcher is not None
+            plan = pump.prefetcher.plan
+
+            def counted(now: float, link: LinkEstimate | None = None) -> list[Any]:
+                if link is not None:  # a tick's plan (a drain's has no link)
+                    ticks.append(now)
+                return plan(now, link)
+
+            pump.prefetcher.plan = counted  # type: ignore[method-assign]
+            started = trio.current_time()
+            await trio.sleep(REST_AFTER + 5 * RESTING_TICK_INTERVAL)
+            busy = [t for t in ticks if t - started <= REST_AFTER]
+            resting = ticks[len(busy):]
+            assert len(busy) >= REST_AFTER / TICK_INTERVAL - 1
+            assert 4 <= len(resting) <= 6
+            assert all(b - a == pytest.approx(RESTING_TICK_INTERVAL)
+                       for a, b in zip(resting, resting[1:]))
+
+            sent = trio.current_time()
+            pump.on_read(1, ENTRY, 0, BLOCK_SIZE)
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == [sent]
+            ticks.clear()
+            await trio.sleep(REST_AFTER / 2)
+            assert len(ticks) >= REST_AFTER / 2 / TICK_INTERVAL - 1
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
