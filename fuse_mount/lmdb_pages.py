@@ -27,6 +27,8 @@ import lmdb
 
 from neuralcache.blocks import contiguous_runs
 
+from .residency import advice_pieces
+
 log = logging.getLogger(__name__)
 
 _TABLE_RECORD = struct.Struct("=IHHQQQQQ")
@@ -94,8 +96,9 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) ->
 
         def will_need(numbers: list[int]) -> None:
             for run in contiguous_runs(sorted(numbers)):  # a tree names each page once
-                os.posix_fadvise(fd, run.first * page_size, run.count * page_size,
-                                 os.POSIX_FADV_WILLNEED)
+                for offset, length in advice_pieces(run.first * page_size,
+                                                    (run.first + run.count) * page_size):
+                    os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
         def read_level(numbers: list[int]) -> list[bytes]:
             will_need(numbers)

@@ -15,7 +15,7 @@ import ctypes
 import itertools
 import mmap
 import os
-from typing import Iterable
+from typing import Iterable, Iterator
 
 PAGE_SIZE = mmap.PAGESIZE
 _PAGE_MASK = ~(PAGE_SIZE - 1)
@@ -26,6 +26,13 @@ resident only sends the read the slow, always-correct way."""
 MAX_CHECK_PAGES = 4096
 """Pages one ``mincore`` call asks about (16 MiB): the result vector is sized for this once, and
 a longer stretch is asked about in pieces of this size."""
+WILL_NEED_PIECE_BYTES = 128 * 1024
+"""Bytes one ``MADV_WILLNEED`` (or ``POSIX_FADV_WILLNEED``) call asks for. The kernel reads at
+most the larger of the device's readahead and its largest request of the range one call names,
+from its start, and silently drops the rest (``force_page_cache_ra``): 8 MiB on this machine
+(``read_ahead_kb`` 8192), as little as 128 KiB, the kernel's default readahead, on a node left
+at its defaults. Longer stretches are asked for in pieces of this size, which no device's
+defaults cut short."""
 _MAX_CHECK_BYTES = MAX_CHECK_PAGES * PAGE_SIZE
 _MERGE_GAP_BYTES = MERGE_GAP_PAGES * PAGE_SIZE
 _RESIDENT_BIT = 1  # mincore sets the lowest bit of a page's byte if the page is resident
@@ -126,7 +133,15 @@ def will_need(addresses: list[int], length: int) -> None:
 def will_need_spans(spans: list[tuple[int, int]]) -> None:
     """``will_need`` over page-aligned spans ``[start, end)`` (``merged_spans``)."""
     for start, end in spans:
-        _madvise(start, end - start, mmap.MADV_WILLNEED)
+        for piece, length in advice_pieces(start, end):
+            _madvise(piece, length, mmap.MADV_WILLNEED)
+
+
+def advice_pieces(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` as ``(start, length)`` pieces of at most ``WILL_NEED_PIECE_BYTES``, one
+    per WILLNEED call (see there); a page-aligned ``start`` keeps every piece aligned."""
+    for piece in range(start, end, WILL_NEED_PIECE_BYTES):
+        yield piece, min(end - piece, WILL_NEED_PIECE_BYTES)
 
 
 def run_stretch(first: int, last: int, count: int, length: int) -> tuple[int, int] | None:
