@@ -433,16 +433,22 @@ class BlockCache:
 
     def _read_ahead(self, file_id: int, version: int, first: int, count: int,
                     address: int) -> None:
-        """For a run that starts where a recent one ended: if its first value (at ``address``)
-        is on the disk, not in RAM, have the page-in thread ask the kernel for the run and the
-        ``READ_AHEAD_BLOCKS`` after it at once, as the kernel's own readahead would for a
+        """For a run that starts where a recent one ended: if the value half a read-ahead past
+        its end is on the disk, not in RAM (or, if that block's place is not known, the run's
+        first value, at ``address``), have the page-in thread ask the kernel for the run and
+        the ``READ_AHEAD_BLOCKS`` after it at once, as the kernel's own readahead would for a
         reader going forward through a file (it does not here: LMDB maps the cache file for
-        random access). The prefetcher's windows do the same once they have grown; this covers
-        a reader's first reads, and readers nothing predicts. One ``mincore`` of one page."""
-        if self._probe.all_resident([address], 1):
+        random access). Looking half a read-ahead on, not at the run itself, asks for the next
+        stretch while half of the last is still unread, as the kernel does at its readahead
+        marker: a reader going forward does not wait for the disk at each stretch's first
+        run. The prefetcher's windows do the same once they have grown; this covers a reader's
+        first reads, and readers nothing predicts. One ``mincore`` of one page."""
+        ahead = self._addresses.get(
+            self.keys.key(file_id, version, first + count + READ_AHEAD_BLOCKS // 2))
+        if self._probe.all_resident([address if ahead is None else ahead], 1):
             return
-        # The run's own first page is out, so the stretch is not asked about again (``mincore``
-        # over up to 8 MiB on the loop, answering what is known).
+        # A page there is out, so the stretch is not asked about first (``mincore`` over up to
+        # 8 MiB on the loop, answering what is known).
         wanted = self._placed([(file_id, version, first, first + count + READ_AHEAD_BLOCKS)])
         if wanted.spans:
             self._pager.post(will_need_spans, wanted.spans)

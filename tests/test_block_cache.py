@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from bench.mount_procs import drop_page_cache
 from fabric.protocol import CHECKSUM_BYTES
 from fuse_mount import block_cache
-from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_cache import READ_AHEAD_BLOCKS, BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
 from fuse_mount.residency import file_resident_bytes
 from neuralcache.blocks import BLOCK_SIZE
@@ -595,6 +595,40 @@ def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_re
         inline = metric("neuralcache_cache_run_reads_total", {"path": "inline"})
         assert run(cache.read_run, 1, 1, 800, 32) == expected(800, 32)
         assert metric("neuralcache_cache_run_reads_total", {"path": "inline"}) == inline + 1
+    finally:
+        cache.close()
+
+
+def test_a_read_going_forward_has_the_next_stretch_read_while_half_the_last_is_unread(
+        tmp_path: Path) -> None:
+    """A reader going forward through a cache on disk in runs the reader thread reads: once
+    the block half a read-ahead past a run's end is on the disk, the run and the read-ahead
+    after it are asked for, before the reader reaches a page that is not in RAM."""
+    keys = [BlockKey(1, 1, b) for b in range(4 * READ_AHEAD_BLOCKS)]
+    cache, data_file = reopened_on_disk(tmp_path, keys)
+    half = READ_AHEAD_BLOCKS // 2
+
+    def forward(first: int, stop: int) -> None:
+        assert run(cache.read_run, 1, 1, first, stop - first) == b"".join(
+            block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:stop])
+    try:
+        forward(0, 4)  # where a reader starts: nothing more is asked for
+        paged = metric("neuralcache_cache_page_in_blocks_total")
+        forward(4, 104)  # goes on, and the block `half` past it is on the disk
+        assert metric("neuralcache_cache_page_in_blocks_total") == (
+            paged + 104 + READ_AHEAD_BLOCKS - 4)
+        deadline = time.monotonic() + 10
+        while cache.pages_to_read([(1, 1, 4, 104 + READ_AHEAD_BLOCKS)]) is not None:
+            assert time.monotonic() < deadline, "the pages never all came in"
+            time.sleep(0.05)
+        paged = metric("neuralcache_cache_page_in_blocks_total")
+        forward(104, 360)  # half a read-ahead on from each of these is in RAM: nothing asked
+        forward(360, 616)
+        assert metric("neuralcache_cache_page_in_blocks_total") == paged
+        stop = 104 + READ_AHEAD_BLOCKS - half + 100  # `half` past it lies beyond what came in
+        forward(616, stop)
+        assert metric("neuralcache_cache_page_in_blocks_total") == (
+            paged + stop + READ_AHEAD_BLOCKS - 616)
     finally:
         cache.close()
 
