@@ -1,7 +1,8 @@
 """Source trees' warm spokes read side by side with the memfs ceiling, interleaved round by round.
 
     python -m bench.throughput_ab --tree base=DIR --tree change=DIR [--rounds 5] [--size 256M]
-                                  [--random-reads 8192] [--mount-option OPT]... [--workdir DIR]
+                                  [--random-reads 8192] [--from-disk] [--mount-option OPT]...
+                                  [--workdir DIR]
 
 Why: ``bench.throughput``'s ratios to memfs move with the hour by more than most changes to the
 read path move them (memfs alone ran 1615-2265 MB/s sequentially in runs of one day), so
@@ -14,7 +15,8 @@ Each tree's spoke first fills a cache of its own with one cold sequential pass. 
 and pattern (sequential, and random 16 KiB reads at the same offsets for every pass, as in
 ``bench.throughput``): one memfs pass, then one warm pass of each tree, each on a fresh mount
 over its filled cache with the cache file in the page cache (``bench.throughput``'s "warm
-spoke, LMDB in page cache" row), the trees' order rotating from round to round. Every pass
+spoke, LMDB in page cache" row; with ``--from-disk``, evicted from it before each pass, the "LMDB
+from disk" row), the trees' order rotating from round to round. Every pass
 must return memfs's bytes within ``PASS_TIMEOUT``, or the bench exits 1. Per tree and pattern
 it prints the MB/s as a share of the same round's memfs pass (median, min-max), the daemon's
 CPU time per FUSE read (``on_cpu_seconds``: steadier than MB/s on shared cores) and in how many
@@ -72,6 +74,8 @@ def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, dict[str, str]]:
     parser.add_argument("--random-reads", type=int, default=DEFAULT_RANDOM_READS)
     parser.add_argument("--mount-option", action="append", default=[], metavar="OPT",
                         help="extra argument for every spoke mount (repeatable)")
+    parser.add_argument("--from-disk", action="store_true",
+                        help="evict each tree's cache file from the page cache before its pass")
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR)
     args = parser.parse_args(argv)
     trees = parse_trees(parser, args.tree, "fuse_mount")
@@ -103,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def spoke_pass(hub: mount_procs.Hub, name: str, pattern: str) -> tuple[Pass, float]:
         """One pass through a fresh mount of tree ``name``; the daemon's CPU seconds in it."""
-        with mount_procs.spoke(hub.address, os.path.join(scratch, f"cache-{name}"), mountpoint,
-                               *options, tree=trees[name]) as (spoke, _):
+        cache = os.path.join(scratch, f"cache-{name}")
+        data_file = os.path.join(cache, "blocks.lmdb", "data.mdb")
+        if args.from_disk and os.path.exists(data_file):
+            mount_procs.drop_page_cache(data_file)
+        with mount_procs.spoke(hub.address, cache, mountpoint, *options,
+                               tree=trees[name]) as (spoke, _):
             pid = spoke.pid()
             assert pid is not None
             before = on_cpu_seconds(pid)
@@ -113,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             return result, on_cpu_seconds(pid) - before
 
     print(f"{args.size / 1e6:.0f} MB file, {args.random_reads} random reads, "
-          f"{args.rounds} rounds; load average (1 min) at start {os.getloadavg()[0]:.1f}")
+          f"{args.rounds} rounds, cache file {'from disk' if args.from_disk else 'in RAM'}; "
+          f"load average (1 min) at start {os.getloadavg()[0]:.1f}")
     try:
         with mount_procs.hub(os.path.dirname(data)) as hub:
             for name in trees:
