@@ -11,7 +11,7 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, SHUFFLED, SEQUE
                                    Check, Runs, Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, GC_SECONDS, HINT_RECORDS, LOOP_DISK_WAITS,
                                PREFETCH_ISSUED, PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES,
-                               READER_WAIT_BUCKET, RunRecord, RunSummary, Spread,
+                               READER_DISK_WAITS, READER_WAIT_BUCKET, RunRecord, RunSummary, Spread,
                                cold_start_share, cpu_floor, histogram_quantile, latency_buckets,
                                loop_load, metric_total, spread, summarize, total_seconds,
                                window_rate)
@@ -100,6 +100,7 @@ def spoke_table(runs: Runs) -> str:
     head = ["scenario", "read from cache (MB)", "served from hub fetches (MB)",
             "prefetch issued (MB)", "prefetch useful (MB)", "hint records",
             "daemon's event loop: on a CPU + waiting for one", "its waits for the disk",
+            "reader thread's waits for the disk",
             "garbage collection (s)", "reads' wait for the reader thread p50 / p99 (ms)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in VARIANTS:
@@ -119,6 +120,7 @@ def spoke_table(runs: Runs) -> str:
                 col(HINT_RECORDS, scale=1, digits=0),
                 _loop_load_cell(records),
                 _fmt(spread(d.get(LOOP_DISK_WAITS) for d in deltas), 1, 0),
+                _fmt(spread(d.get(READER_DISK_WAITS) for d in deltas), 1, 0),
                 _fmt(spread(_gc_seconds(d) for d in deltas), 1, 2),
                 _reader_wait_cell(deltas)]) + " |")
     return "\n".join(lines)

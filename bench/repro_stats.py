@@ -53,6 +53,7 @@ WRITE_BATCHES = ("neuralcache_cache_write_batch_seconds_bucket",
 LOOP_CPU = "neuralcache_loop_cpu_seconds_total"
 LOOP_RUNQUEUE = "neuralcache_loop_runqueue_seconds_total"
 LOOP_DISK_WAITS = "neuralcache_loop_disk_waits_total"
+READER_DISK_WAITS = "neuralcache_cache_reader_disk_waits_total"
 GC_SECONDS = "neuralcache_gc_seconds_total"
 RUN_READS = "neuralcache_cache_run_reads_total"
 """Reads of whole cached runs by where they ran: on the event loop (inline) or in the reader
@@ -64,8 +65,8 @@ READER_WAIT_BUCKET = "neuralcache_cache_reader_wait_seconds_bucket"
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
                 HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
                 EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, DISPATCH_WAIT,
-                *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS, GC_SECONDS,
-                RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS, READER_WAIT_BUCKET)
+                *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS, READER_DISK_WAITS,
+                GC_SECONDS, RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS, READER_WAIT_BUCKET)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 

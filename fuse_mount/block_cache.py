@@ -120,6 +120,7 @@ class BlockCache:
         self._on_dropped: Callable[[BlockKey], None] | None = None
         self._protected: Callable[[BlockKey], bool] | None = None
         self._reader = JobThreads(on_wait=metrics.CACHE_READER_WAIT.observe)
+        self._reader.post(metrics.READER_THREAD.watch)  # for its disk waits, counted by the kernel
         self._pager = JobThreads(follow_loop_cpu=False, name="neuralcache-page-in")
         """Runs the advice of ``page_in`` and ``_read_ahead``, apart from the reader thread:
         asking the kernel for a window's pages of a cache file on disk takes it tens of ms per

@@ -46,14 +46,15 @@ def thread_times(tid: int) -> ThreadTimes | None:
         return None
 
 
-class LoopThread:
-    """The thread that runs the daemon's event loop, once ``watch`` was called on it."""
+class WatchedThread:
+    """A thread of this process (the daemon's event loop, the cache's reader thread), once
+    ``watch`` was called from it."""
 
     def __init__(self) -> None:
         self.tid: int | None = None
 
     def watch(self) -> None:
-        """Call from the loop's own thread."""
+        """Call from the thread itself."""
         self.tid = threading.get_native_id()
 
     def times(self) -> ThreadTimes | None:

@@ -10,7 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
-from .loop_load import LoopThread, ThreadTimes
+from .loop_load import ThreadTimes, WatchedThread
 from .loop_metrics import LoopCounterFamily, LoopHistogramFamily, LoopMetrics
 
 SOURCE_CACHE = "cache"
@@ -169,7 +169,7 @@ class LoopLoadMetrics(Collector):
     """The event loop's load (``loop_load``): its thread's scheduler times, read when scraped.
     No samples before the loop is watched or where the kernel keeps no such times."""
 
-    def __init__(self, loop: LoopThread) -> None:
+    def __init__(self, loop: WatchedThread) -> None:
         self.loop = loop
 
     def describe(self) -> list[Metric]:
@@ -200,10 +200,41 @@ class LoopLoadMetrics(Collector):
         return [cpu, waiting, disk]
 
 
-LOOP_THREAD = LoopThread()
+class ReaderDiskWaits(Collector):
+    """The cache's reader thread's waits for the disk (major faults), read when scraped: a
+    warm read whose values are not in RAM waits there, and every read queued behind it."""
+
+    def __init__(self, reader: WatchedThread) -> None:
+        self.reader = reader
+
+    def describe(self) -> list[Metric]:
+        return [self._family(None)]
+
+    def collect(self) -> list[Metric]:
+        return [self._family(self.reader.times())]
+
+    @staticmethod
+    def _family(times: ThreadTimes | None) -> Metric:
+        disk = CounterMetricFamily(
+            "neuralcache_cache_reader_disk_waits",
+            "Page faults of the cache's reader thread that read the disk (major faults): each "
+            "held up the read in the thread and the reads queued behind it. The cache asks for "
+            "a warm run's pages, and for the stretch ahead of a reader going forward, before "
+            "the thread touches them, so few of a cache on disk's pages are waited for.")
+        if times is not None:
+            disk.add_metric([], times.disk_waits)
+        return disk
+
+
+LOOP_THREAD = WatchedThread()
 """The thread of this process's event loop: the daemon watches it when its loop starts."""
 LOOP_LOAD_METRICS = LoopLoadMetrics(LOOP_THREAD)
 REGISTRY.register(LOOP_LOAD_METRICS)
+READER_THREAD = WatchedThread()
+"""The reader thread of the cache this process opened last (``BlockCache``: a daemon opens
+one): the cache has it watch itself when it starts."""
+READER_DISK_WAITS = ReaderDiskWaits(READER_THREAD)
+REGISTRY.register(READER_DISK_WAITS)
 
 
 def metadata_loaded(entries: int, clock: Callable[[], float] = time.monotonic) -> None:

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from bench.mount_procs import drop_page_cache
-from fuse_mount.loop_load import LoopThread, ThreadTimes, thread_times
-from fuse_mount.metrics import LoopLoadMetrics
+from fuse_mount.block_cache import BlockCache
+from fuse_mount.block_store import BlockStore
+from fuse_mount.loop_load import ThreadTimes, WatchedThread, thread_times
+from fuse_mount.metrics import READER_THREAD, LoopLoadMetrics, ReaderDiskWaits
 from fuse_mount.residency import file_resident_bytes
 
 SPIN_SECONDS = 0.2
@@ -67,7 +69,7 @@ def test_waiting_for_a_cpu_another_process_holds_counts_as_runqueue_time() -> No
 
 
 def test_no_times_for_a_thread_not_watched_or_gone() -> None:
-    assert LoopThread().times() is None
+    assert WatchedThread().times() is None
     done = threading.Thread(target=lambda: None)
     done.start()
     done.join()
@@ -80,7 +82,7 @@ def test_no_times_for_a_thread_not_watched_or_gone() -> None:
 
 
 def test_the_collector_serves_the_watched_threads_times() -> None:
-    loop = LoopThread()
+    loop = WatchedThread()
     metrics = LoopLoadMetrics(loop)
     assert [f.samples for f in metrics.collect()] == [[], [], []]  # nothing before the watch
     loop.watch()
@@ -103,3 +105,21 @@ def test_touching_a_mapped_page_on_disk_counts_as_a_wait_for_the_disk(tmp_path: 
         after = _times()
     assert len(touched) == PAGES // 2
     assert after.disk_waits - before.disk_waits >= PAGES // 2 * 0.9
+
+
+def test_a_cache_has_its_reader_thread_watched_for_its_disk_waits(tmp_path: Path) -> None:
+    READER_THREAD.tid = None  # an earlier test's cache's, maybe
+    cache = BlockCache(BlockStore(str(tmp_path), 1 << 20), 1 << 20)
+    try:
+        deadline = time.monotonic() + 5
+        while READER_THREAD.tid is None:
+            assert time.monotonic() < deadline, "the reader thread never watched itself"
+            time.sleep(0.001)
+        assert READER_THREAD.tid != threading.get_native_id()
+        times = thread_times(READER_THREAD.tid)
+        assert times is not None  # a live thread of this process
+        [family] = ReaderDiskWaits(READER_THREAD).collect()
+        assert family.name == "neuralcache_cache_reader_disk_waits"
+        assert [s.value for s in family.samples] == [times.disk_waits]
+    finally:
+        cache.close()

@@ -342,6 +342,7 @@ def test_live_hub_and_spoke_serve_the_catalogue_and_it_adds_up(
         value(cold, "neuralcache_metadata_sync_age_seconds") + 5)
     assert len(cold["neuralcache_loop_runqueue_seconds_total"][2]) == 1  # a sample, not none
     assert len(cold["neuralcache_loop_disk_waits_total"][2]) == 1
+    assert len(cold["neuralcache_cache_reader_disk_waits_total"][2]) == 1
 
     assert value(hub_side, "neuralcache_hub_connected_spokes") == 1
     assert value(hub_side, "neuralcache_hub_requests_total", kind="meta") >= 1
