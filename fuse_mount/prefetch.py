@@ -266,8 +266,9 @@ class PrefetchPump:
         inbox = self._inbox
         handled = 0
         while inbox:
-            handled += min(len(inbox), PUMP_BATCH)
-            for _ in range(min(len(inbox), PUMP_BATCH)):
+            batch = min(len(inbox), PUMP_BATCH)
+            handled += batch
+            for _ in range(batch):
                 self._handle(inbox.popleft())
             if self.prefetcher is not None:
                 started = time.perf_counter()
