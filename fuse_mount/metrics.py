@@ -218,9 +218,10 @@ class ReaderDiskWaits(Collector):
         disk = CounterMetricFamily(
             "neuralcache_cache_reader_disk_waits",
             "Page faults of the cache's reader thread that read the disk (major faults): each "
-            "held up the read in the thread and the reads queued behind it. The cache asks for "
-            "a warm run's pages, and for the stretch ahead of a reader going forward, before "
-            "the thread touches them, so few of a cache on disk's pages are waited for.")
+            "held up the read in the thread and the reads queued behind it. The cache asks the "
+            "kernel for a warm run's pages, and for the stretch ahead of a reader going "
+            "forward, before the thread touches them; a page counted here was asked for by "
+            "neither.")
         if times is not None:
             disk.add_metric([], times.disk_waits)
         return disk
