@@ -452,7 +452,7 @@ class BlockCache:
         # 8 MiB on the loop, answering what is known).
         wanted = self._placed([(file_id, version, first, first + count + READ_AHEAD_BLOCKS)])
         if wanted.spans:
-            self._pager.post(will_need_spans, wanted.spans)
+            self._pager.post(will_need_spans, wanted.spans, self.store.will_need_bytes)
             metrics.CACHE_PAGE_IN_BLOCKS.inc(wanted.blocks)
 
     def pages_to_read(self, runs: Iterable[tuple[int, int, int, int]]) -> PageIn | None:
@@ -499,7 +499,7 @@ class BlockCache:
         are on disk waits for them in the reader thread). Advice: the call returns once the
         reads are started (``madvise(MADV_WILLNEED)``, in a thread of its own, as starting them
         may wait for the disk's queue)."""
-        await self._pager.run(will_need_spans, wanted.spans)
+        await self._pager.run(will_need_spans, wanted.spans, self.store.will_need_bytes)
         metrics.CACHE_PAGE_IN_BLOCKS.inc(wanted.blocks)
 
     def _learn_addresses(self, keys: range, addresses: list[int]) -> None:

@@ -43,7 +43,7 @@ from fabric.protocol import CHECKSUM_BYTES
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
 from .lmdb_pages import page_in_tables
-from .residency import ResidencyProbe, buffer_address, will_need
+from .residency import ResidencyProbe, buffer_address, will_need, will_need_limit
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +313,8 @@ class BlockStore:
             log.warning("the cache in %s was written by an older NeuralCache (two pages per "
                         "block); removed it (%d blocks), they will be fetched again", path, old)
         self._thread_probe = ResidencyProbe()
+        self.will_need_bytes = will_need_limit(os.path.join(path, "data.mdb"))
+        """The most one ``will_need`` call reads of the cache file (``will_need_limit``)."""
         self.map_base = _map_base(os.path.join(path, "data.mdb"))
         """Where LMDB mapped the cache file in this process, to turn a value's address into
         its offset in the file (which holds across mounts) and back; None if not found."""
@@ -485,7 +487,7 @@ class BlockStore:
         if count <= 0:
             return b""
         if addresses and not self._thread_probe.all_resident(addresses, length):
-            will_need(addresses, length)
+            will_need(addresses, length, self.will_need_bytes)
         with self.env.begin(buffers=True) as txn:
             read = self._read(txn, file_id, version, first, count, extents)
             return None if read is None else read[0]

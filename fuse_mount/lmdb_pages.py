@@ -27,7 +27,7 @@ import lmdb
 
 from neuralcache.blocks import contiguous_runs
 
-from .residency import advice_pieces
+from .residency import advice_pieces, will_need_limit
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) ->
     """
     path = os.path.join(env.path(), "data.mdb")
     page_size = env.stat()["psize"]
+    piece = will_need_limit(path)
     asked = 0
     with open(path, "rb", buffering=0) as file, env.begin() as txn:
         fd = file.fileno()
@@ -97,7 +98,7 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) ->
         def will_need(numbers: list[int]) -> None:
             for run in contiguous_runs(sorted(numbers)):  # a tree names each page once
                 for offset, length in advice_pieces(run.first * page_size,
-                                                    (run.first + run.count) * page_size):
+                                                    (run.first + run.count) * page_size, piece):
                     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
         def read_level(numbers: list[int]) -> list[bytes]:

@@ -26,13 +26,9 @@ resident only sends the read the slow, always-correct way."""
 MAX_CHECK_PAGES = 4096
 """Pages one ``mincore`` call asks about (16 MiB): the result vector is sized for this once, and
 a longer stretch is asked about in pieces of this size."""
-WILL_NEED_PIECE_BYTES = 128 * 1024
-"""Bytes one ``MADV_WILLNEED`` (or ``POSIX_FADV_WILLNEED``) call asks for. The kernel reads at
-most the larger of the device's readahead and its largest request of the range one call names,
-from its start, and silently drops the rest (``force_page_cache_ra``): 8 MiB on this machine
-(``read_ahead_kb`` 8192), as little as 128 KiB, the kernel's default readahead, on a node left
-at its defaults. Longer stretches are asked for in pieces of this size, which no device's
-defaults cut short."""
+DEFAULT_WILL_NEED_BYTES = 128 * 1024
+"""What one WILLNEED call reads where sysfs does not say (``will_need_limit``): the kernel's
+default readahead."""
 _MAX_CHECK_BYTES = MAX_CHECK_PAGES * PAGE_SIZE
 _MERGE_GAP_BYTES = MERGE_GAP_PAGES * PAGE_SIZE
 _RESIDENT_BIT = 1  # mincore sets the lowest bit of a page's byte if the page is resident
@@ -122,26 +118,53 @@ class ResidencyProbe:
         return True
 
 
-def will_need(addresses: list[int], length: int) -> None:
+def will_need_limit(path: str | os.PathLike[str]) -> int:
+    """The most one WILLNEED call (``MADV_WILLNEED``, ``POSIX_FADV_WILLNEED``) reads of a file.
+
+    The kernel reads at most the larger of the device's readahead and its largest request of
+    the range a call names, from its start, and silently drops the rest
+    (``force_page_cache_ra``): 8 MiB on this machine (``read_ahead_kb`` 8192), as little as
+    128 KiB on a node left at its defaults. Read from the queue of the file's block device in
+    sysfs (a partition's is its disk's); ``DEFAULT_WILL_NEED_BYTES`` where sysfs has none
+    (tmpfs, overlays). Longer stretches are asked for in pieces of this size: the calls are
+    made from a thread, which must win the GIL back from the event loop after each one, so
+    pieces smaller than need be left the stretch asked for behind the reader it was for
+    (docs/throughput.md, session 55)."""
+    try:
+        device = os.stat(path).st_dev
+    except OSError:
+        return DEFAULT_WILL_NEED_BYTES
+    block = f"/sys/dev/block/{os.major(device)}:{os.minor(device)}"
+    for queue in (f"{block}/queue", f"{block}/../queue"):
+        try:
+            with open(f"{queue}/read_ahead_kb") as ra, open(f"{queue}/max_sectors_kb") as io:
+                kib = max(int(ra.read()), int(io.read()))
+        except (OSError, ValueError):
+            continue
+        return max(kib * 1024, PAGE_SIZE)
+    return DEFAULT_WILL_NEED_BYTES
+
+
+def will_need(addresses: list[int], length: int, piece: int) -> None:
     """Ask the kernel to start reading every page of ``[address, address + length)`` for each
     address (``madvise(MADV_WILLNEED)``), so that a run's pages come from the disk together
-    rather than one fault at a time; over the same stretches ``all_resident`` checks. Advice
-    only: a failure is ignored."""
-    will_need_spans(_spans(addresses, length))
+    rather than one fault at a time; over the same stretches ``all_resident`` checks; ``piece``:
+    the mapped file's ``will_need_limit``. Advice only: a failure is ignored."""
+    will_need_spans(_spans(addresses, length), piece)
 
 
-def will_need_spans(spans: list[tuple[int, int]]) -> None:
+def will_need_spans(spans: list[tuple[int, int]], piece: int) -> None:
     """``will_need`` over page-aligned spans ``[start, end)`` (``merged_spans``)."""
     for start, end in spans:
-        for piece, length in advice_pieces(start, end):
-            _madvise(piece, length, mmap.MADV_WILLNEED)
+        for at, length in advice_pieces(start, end, piece):
+            _madvise(at, length, mmap.MADV_WILLNEED)
 
 
-def advice_pieces(start: int, end: int) -> Iterator[tuple[int, int]]:
-    """``[start, end)`` as ``(start, length)`` pieces of at most ``WILL_NEED_PIECE_BYTES``, one
-    per WILLNEED call (see there); a page-aligned ``start`` keeps every piece aligned."""
-    for piece in range(start, end, WILL_NEED_PIECE_BYTES):
-        yield piece, min(end - piece, WILL_NEED_PIECE_BYTES)
+def advice_pieces(start: int, end: int, piece: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` as ``(start, length)`` pieces of at most ``piece`` bytes (a multiple
+    of the page size), one per WILLNEED call (see ``will_need_limit``)."""
+    for at in range(start, end, piece):
+        yield at, min(end - at, piece)
 
 
 def run_stretch(first: int, last: int, count: int, length: int) -> tuple[int, int] | None:
