@@ -126,10 +126,9 @@ def will_need_limit(path: str | os.PathLike[str]) -> int:
     (``force_page_cache_ra``): 8 MiB on this machine (``read_ahead_kb`` 8192), as little as
     128 KiB on a node left at its defaults. Read from the queue of the file's block device in
     sysfs (a partition's is its disk's); ``DEFAULT_WILL_NEED_BYTES`` where sysfs has none
-    (tmpfs, overlays). Longer stretches are asked for in pieces of this size: the calls are
-    made from a thread, which must win the GIL back from the event loop after each one, so
-    pieces smaller than need be left the stretch asked for behind the reader it was for
-    (docs/throughput.md, session 55)."""
+    (tmpfs, overlays). Longer stretches are asked for in pieces of this size, none smaller:
+    the calls are made from a thread that must win the GIL back from the event loop after each
+    one (docs/throughput.md, session 55)."""
     try:
         device = os.stat(path).st_dev
     except OSError:
