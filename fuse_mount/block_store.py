@@ -313,9 +313,10 @@ class BlockStore:
             log.warning("the cache in %s was written by an older NeuralCache (two pages per "
                         "block); removed it (%d blocks), they will be fetched again", path, old)
         self._thread_probe = ResidencyProbe()
-        self.will_need_bytes = will_need_limit(os.path.join(path, "data.mdb"))
+        data_file = os.path.join(path, "data.mdb")
+        self.will_need_bytes = will_need_limit(data_file)
         """The most one ``will_need`` call reads of the cache file (``will_need_limit``)."""
-        self.map_base = _map_base(os.path.join(path, "data.mdb"))
+        self.map_base = _map_base(data_file)
         """Where LMDB mapped the cache file in this process, to turn a value's address into
         its offset in the file (which holds across mounts) and back; None if not found."""
 
@@ -625,7 +626,7 @@ class BlockStore:
         budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // TREE_RAM_SHARE
         return page_in_tables(self.env, [STAMPS_TABLE, EXTENTS_TABLE, EXTENT_TAILS_TABLE,
                                          BLOCKS_TABLE, TAILS_TABLE],
-                              budget // self.env.stat()["psize"])
+                              budget // self.env.stat()["psize"], self.will_need_bytes)
 
     def extents(self) -> list[BlockKey]:
         """The stored extents, by the key of their first block (read from ``extent_tails``,

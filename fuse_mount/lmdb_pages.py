@@ -27,7 +27,7 @@ import lmdb
 
 from neuralcache.blocks import contiguous_runs
 
-from .residency import advice_pieces, will_need_limit
+from .residency import advice_pieces
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,11 @@ def tree_pages(read_level: Callable[[list[int]], list[bytes]], root: int, depth:
     return pages + level
 
 
-def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) -> int:
+def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int,
+                   piece: int) -> int:
     """Have the kernel read the tree pages of these tables (at most ``max_pages`` of them, in
-    the order given) into the page cache; returns how many were asked for.
+    the order given) into the page cache, each call asking for at most ``piece`` bytes (the
+    file's ``residency.will_need_limit``); returns how many were asked for.
 
     The branch pages are read here, a level at a time, each level asked of the disk at once;
     the leaves are only asked for (``POSIX_FADV_WILLNEED``): the call does not wait for them.
@@ -90,7 +92,6 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int) ->
     """
     path = os.path.join(env.path(), "data.mdb")
     page_size = env.stat()["psize"]
-    piece = will_need_limit(path)
     asked = 0
     with open(path, "rb", buffering=0) as file, env.begin() as txn:
         fd = file.fileno()

@@ -72,8 +72,8 @@ def test_a_tables_tree_is_every_branch_and_leaf_page_lmdb_counts(store: BlockSto
 
 def test_page_in_asks_for_every_tree_page_up_to_the_limit(store: BlockStore) -> None:
     every = sum(_counted_by_lmdb(store, name)[0] for name in TABLES)
-    assert lmdb_pages.page_in_tables(store.env, TABLES, 10 * every) == every
-    assert lmdb_pages.page_in_tables(store.env, TABLES, 100) == 100
+    assert lmdb_pages.page_in_tables(store.env, TABLES, 10 * every, store.will_need_bytes) == every
+    assert lmdb_pages.page_in_tables(store.env, TABLES, 100, store.will_need_bytes) == 100
 
 
 def test_an_empty_table_has_no_pages(tmp_path: Path) -> None:
@@ -132,7 +132,7 @@ def test_a_page_not_in_lmdbs_layout_is_logged_and_skipped(
         os.pwrite(file.fileno(), b"\xff" * 16, branch * 4096)
     try:
         with caplog.at_level(logging.WARNING, logger="fuse_mount.lmdb_pages"):
-            asked = lmdb_pages.page_in_tables(store.env, TABLES, 10**6)
+            asked = lmdb_pages.page_in_tables(store.env, TABLES, 10**6, store.will_need_bytes)
         # The stamp table's pages were asked for; the blocks table stops the read-ahead.
         assert asked == _counted_by_lmdb(store, STAMPS_TABLE)[0]
         assert "could not read the cache file's table pages" in caplog.text
