@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     data = make_dataset(workdir, args.size)
     scratch, offsets = scratch_with_offsets(workdir, "cpu", args.size, args.random_reads)
     cache, mountpoint = os.path.join(scratch, "cache"), os.path.join(scratch, "mnt")
-    cache_file = os.path.join(cache, "blocks.lmdb", "data.mdb")
+    cache_file = mount_procs.cache_file(cache)
     spoke_options = ["--cache-size", str(cache_size_for(args.size)), *args.mount_option]
     reads = reads_per_pass(args.size, args.random_reads)
     print(f"load average (1 min) at start {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; "

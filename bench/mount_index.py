@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         with mount_procs.hub(os.path.dirname(data)) as hub:
             with mount_procs.spoke(hub.address, cache, mountpoint, *options):
                 run_pass(SEQUENTIAL, os.path.join(mountpoint, DATA_NAME), None, PASS_TIMEOUT)
-            cache_file = os.path.join(cache, "blocks.lmdb", "data.mdb")
+            cache_file = mount_procs.cache_file(cache)
             mount_procs.drop_page_cache(cache_file)
             before = file_resident_bytes(cache_file)
             with mount_procs.spoke(hub.address, cache, mountpoint, *options) as (_, seconds):

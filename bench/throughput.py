@@ -218,7 +218,7 @@ class Bench:
             mount_procs.drop_page_cache(self.data)  # the hub reads from disk too
             self._spoke_pass(hub, cache, COLD, pattern)
         shutil.rmtree(unfilled)
-        lmdb_file = os.path.join(filled, "blocks.lmdb", "data.mdb")
+        lmdb_file = mount_procs.cache_file(filled)
         for pattern in (SEQUENTIAL, RANDOM):
             mount_procs.drop_page_cache(lmdb_file)
             self._spoke_pass(hub, filled, WARM, pattern)

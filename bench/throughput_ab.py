@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     def spoke_pass(hub: mount_procs.Hub, name: str, pattern: str) -> tuple[Pass, float]:
         """One pass through a fresh mount of tree ``name``; the daemon's CPU seconds in it."""
         cache = os.path.join(scratch, f"cache-{name}")
-        data_file = os.path.join(cache, "blocks.lmdb", "data.mdb")
+        data_file = mount_procs.cache_file(cache)
         if args.from_disk and os.path.exists(data_file):
             mount_procs.drop_page_cache(data_file)
         with mount_procs.spoke(hub.address, cache, mountpoint, *options,

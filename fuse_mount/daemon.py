@@ -43,6 +43,8 @@ from .status import human_bytes
 
 log = logging.getLogger(__name__)
 
+BLOCKS_DIR = "blocks.lmdb"
+"""The LMDB environment of the block cache, inside ``--cache-dir``."""
 PATH_RECORD = "path.json"
 """The hub client's model of the path to the hub, in the cache directory: a remount over the
 same cache starts its transport from it (``fabric.path_memory``)."""
@@ -107,7 +109,7 @@ def mount_options(cfg: SpokeConfig) -> set[str]:
 
 def open_cache(cfg: SpokeConfig, namespace: Namespace) -> BlockCache:
     """Open the LMDB cache and drop blocks of file versions the hub no longer has."""
-    path = os.path.join(cfg.cache_dir, "blocks.lmdb")
+    path = os.path.join(cfg.cache_dir, BLOCKS_DIR)
     cache = BlockCache(BlockStore(path, cfg.cache_size), cfg.cache_size)
     _warn_if_the_disk_is_short(path, cfg.cache_size)
     live = {e.file_id: e.version for e in namespace.files()}
