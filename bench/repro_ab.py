@@ -12,8 +12,9 @@ holding the repository's packages (``git archive REV | tar -x -C DIR``); its run
 are started the same way) with this interpreter. One run per tree and round (``--repeats 1``),
 the trees' order rotating from round to round. Every run's results JSON and log stay in
 ``--out``. After each run it prints the run's measured targets, the spoke daemon's CPU seconds
-over each spoke run's loop and the CPU time the hypervisor took during the loops; at the end,
-per figure, each tree's values, their median and in how many rounds each tree did best. The
+over each spoke run's loop, the loader's time in reads in each spoke run and the CPU time the
+hypervisor took during the loops; at the end, per figure, each tree's values, their median
+and in how many rounds each tree did best. The
 targets are ratios to hub-local's run in the same ``bench.repro`` run, so ``--targets`` must
 include hub-local (the default does). Ctrl-C or SIGTERM stops the run in progress as it would
 stop on its own. Wrap it in ``flock /tmp/nc-bench.lock`` as the other benches.
@@ -36,6 +37,7 @@ from bench.proc_cpu import DAEMON, STOLEN
 from bench.repro import DEFAULT_WORKDIR, load_results
 from bench.repro_procs import stop_process
 from bench.repro_scenarios import SPOKE, Scenario, checks
+from bench.repro_stats import read_seconds_total
 
 DEFAULT_ROUNDS = 3
 RUN_TIMEOUT = 3600.0
@@ -43,6 +45,10 @@ RUN_TIMEOUT = 3600.0
 variant and target takes ~7 min here)."""
 STOP_TIMEOUT = 60.0
 """Seconds a stopped run may take to unmount and remove what it made before it is killed."""
+LOADER_READS = "loader's seconds in reads"
+"""The figure of ``repro_stats.read_seconds_total``: what the mount's waits cost the loader's
+workers, told apart from the run's time, which the hub-local run it is a ratio to, reading its
+export from a disk other tenants share, moves as much."""
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 OWN_OPTIONS = ("--repeats", "--results", "--workdir", "--report-only")
 """``bench.repro`` options this tool sets itself for every run."""
@@ -81,19 +87,25 @@ def best_counts(figures: dict[str, list[Figure | None]]) -> tuple[dict[str, int]
 
 
 def run_figures(results_path: str) -> tuple[dict[str, Figure], float]:
-    """The measured targets of one results file, then the spoke daemon's CPU seconds over each
-    of its runs' loops (steadier than the times on a shared machine, and what most changes to
-    the daemon move), and the CPU seconds the hypervisor took over all of its runs' loops."""
+    """The measured targets of one results file, then for each of its spoke runs the daemon's
+    CPU seconds over the loop (steadier than the times on a shared machine, and what most
+    changes to the daemon move) and the loader's time in reads (``LOADER_READS``), and the CPU
+    seconds the hypervisor took over all of its runs' loops."""
     meta, runs = load_results(results_path)
     found = {c.name: Figure(c.value, c.at_least)
              for c in checks(runs, meta["link"]["rate_bps"]) if c.value is not None}
     for key, by_repeat in runs.items():
         scenario = Scenario.parse(key)
+        if scenario.target != SPOKE:
+            continue
         daemon = [r.cpu_seconds[DAEMON] for r in by_repeat.values()
                   if r.cpu_seconds and DAEMON in r.cpu_seconds]
-        if scenario.target == SPOKE and daemon:
+        if daemon:
             found[f"{scenario.variant}, {scenario.label}: {DAEMON} CPU seconds over the loop"] = \
                 Figure(statistics.median(daemon), at_least=False)
+        found[f"{scenario.variant}, {scenario.label}: {LOADER_READS}"] = Figure(
+            statistics.median(read_seconds_total(r.trace) for r in by_repeat.values()),
+            at_least=False)
     stolen = sum((r.cpu_seconds or {}).get(STOLEN, 0.0) for by in runs.values()
                  for r in by.values())
     return found, stolen

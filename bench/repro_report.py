@@ -48,7 +48,8 @@ def scenario_table(runs: Runs, variant: str, link_rate_bps: float, cores: int) -
     windows = [f"samples/s {a}–{b if b is not None else 'end'}" for a, b in RATE_WINDOWS]
     head = ["scenario", *windows, "samples/s 1–end", "batches", "time (s)", "time vs hub-local",
             "CPU floor vs hub-local", "waiting on data (1 − GPU util.)",
-            "loader read p50 / p99 (ms)", "mount read p50 / p99 (ms)", "local hit ratio",
+            "loader read p50 / p99 (ms)", "loader's time in reads (s)",
+            "mount read p50 / p99 (ms)", "local hit ratio",
             "WAN MB", "link use", "link drops (packets)"]
     body: list[list[str]] = []
     reference = Scenario(variant, LOCAL).key
@@ -72,6 +73,7 @@ def scenario_table(runs: Runs, variant: str, link_rate_bps: float, cores: int) -
                   col(lambda s: s.waiting_share, scale=100, unit=" %"),
                   f"{col(lambda s: s.read_p50, scale=MS, digits=3)} / "
                   f"{col(lambda s: s.read_p99, scale=MS, digits=1)}",
+                  col(lambda s: s.read_total, digits=2),
                   f"{col(lambda s: s.mount_p50, scale=MS, digits=2)} / "
                   f"{col(lambda s: s.mount_p99, scale=MS, digits=1)}"
                   if rows[0].mount_p50 is not None else "–",

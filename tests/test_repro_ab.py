@@ -28,6 +28,7 @@ from bench.repro_stats import RunRecord
 
 COLD_SHUFFLE = "cold spoke, shuffled with hints: whole-run time vs hub-local"
 DAEMON_CPU = "shuffled, spoke cold: spoke daemon CPU seconds over the loop"
+LOADER_READS = "shuffled, spoke cold: loader's seconds in reads"
 
 
 @given(st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=6, unique=True))
@@ -71,7 +72,8 @@ def test_a_results_file_gives_its_targets_and_the_stolen_time(tmp_path: Path) ->
     _results(tmp_path / "r.json", cold_seconds=4.4, stolen=1.5)
     found, stolen = run_figures(str(tmp_path / "r.json"))
     assert found == {COLD_SHUFFLE: Figure(pytest.approx(1.1), at_least=False),
-                     DAEMON_CPU: Figure(pytest.approx(13.2), at_least=False)}
+                     DAEMON_CPU: Figure(pytest.approx(13.2), at_least=False),
+                     LOADER_READS: Figure(pytest.approx(2.4), at_least=False)}
     assert stolen == pytest.approx(2.0)
 
 

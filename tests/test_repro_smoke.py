@@ -185,6 +185,8 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     # the warm run's loop alone (3.8 s, more than 5 s over 2 cores), each over hub-local's 4 s.
     assert "| 5.0 | 1.250× | 1.125× |" in text
     assert "| 4.0 | 1.000× | 0.950× |" in text
+    # Every sample's pread took 1 ms: 4,800 samples, 4.8 s in reads over the loader's workers.
+    assert "| 1.000 / 1.0 | 4.80 |" in text
     # The cold run's loop ran 3 s of its 5 s and waited 1 s for a core; the warm run's daemon
     # did not report its loop.
     # ... and no read went to the reader thread in the cold run: its last cell is empty too.
