@@ -14,10 +14,10 @@ the trees' order rotating from round to round. Every run's results JSON and log 
 ``--out``. After each run it prints the run's measured targets, the spoke daemon's CPU seconds
 over each spoke run's loop, the loader's time in reads in each spoke run and the CPU time the
 hypervisor took during the loops; at the end, per figure, each tree's values, their median
-and in how many rounds each tree did best. The
-targets are ratios to hub-local's run in the same ``bench.repro`` run, so ``--targets`` must
-include hub-local (the default does). Ctrl-C or SIGTERM stops the run in progress as it would
-stop on its own. Wrap it in ``flock /tmp/nc-bench.lock`` as the other benches.
+and in how many rounds each tree did best. The targets are ratios to hub-local's run in the
+same ``bench.repro`` run, so ``--targets`` must include hub-local (the default does). Ctrl-C
+or SIGTERM stops the run in progress as it would stop on its own. Wrap it in ``flock
+/tmp/nc-bench.lock`` as the other benches.
 """
 
 from __future__ import annotations
