@@ -25,7 +25,7 @@ from neuralcache.cache_policy import LruPolicy
 
 from . import metrics
 from .block_store import (EXTENT_BLOCKS, EXTENT_VALUE_BYTES, VALUE_BYTES, BlockKey, BlockStore,
-                          extent_of)
+                          RunBytes, extent_of)
 from .cache_writer import CacheWriteError, CacheWriter
 from .key_space import KeySpace, slot_of
 from .residency import ResidencyProbe, merged_spans, run_stretch, will_need_spans
@@ -315,7 +315,8 @@ class BlockCache:
         """
         self._stamp(self.policy.touch_many(keys))
 
-    async def read_run(self, file_id: int, version: int, first: int, count: int) -> bytes | None:
+    async def read_run(self, file_id: int, version: int, first: int, count: int
+                       ) -> RunBytes | None:
         """Blocks ``[first, first + count)`` of a file version, joined, if LMDB holds them all.
 
         The warm read's fast path: one LMDB transaction and bookkeeping in bulk, on the event

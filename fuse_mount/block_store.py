@@ -93,6 +93,12 @@ class BlockKey(NamedTuple):
         return cls(*_KEY.unpack(raw))
 
 
+RunBytes = bytes | memoryview
+"""A run's bytes as a read returns them: a view into the joined extents when the run starts or
+ends inside one (a data loader's 1 MiB reads start at its samples' offsets, and copying the
+run out of the join cost as much again as the join, docs/throughput.md, session 56), else the
+joined bytes themselves. Either way one contiguous buffer, which pyfuse3 replies with as is."""
+
 KeyTuple = tuple[int, int, int]
 """A block key as a plain tuple, equal to the ``BlockKey`` it names (cheaper to make)."""
 
@@ -284,13 +290,13 @@ def _whole_block_slices(count: int) -> list[slice]:
     return [slice(i * BLOCK_SIZE, (i + 1) * BLOCK_SIZE) for i in range(count)]
 
 
-def _trimmed(data: bytes, skip: int, count: int) -> bytes:
+def _trimmed(data: bytes, skip: int, count: int) -> RunBytes:
     """``count`` blocks of ``data`` after its first ``skip`` (a run read with the whole of the
-    extents at its ends)."""
+    extents at its ends): a view, not a copy."""
     start = skip * BLOCK_SIZE
     if start == 0 and len(data) <= count * BLOCK_SIZE:
         return data
-    return data[start:start + count * BLOCK_SIZE]
+    return memoryview(data)[start:start + count * BLOCK_SIZE]
 
 
 class BlockStore:
@@ -435,7 +441,7 @@ class BlockStore:
         return found, corrupt
 
     def _read(self, txn: lmdb.Transaction, file_id: int, version: int, first: int, count: int,
-              extents: Sequence[int]) -> tuple[bytes, list[memoryview], list[_Segment]] | None:
+              extents: Sequence[int]) -> tuple[RunBytes, list[memoryview], list[_Segment]] | None:
         """The run's blocks verified, with its walk's heads and segments (for their places)."""
         if (len(extents) == 1 and count < EXTENT_BLOCKS and extents[0] <= first
                 and first + count <= extents[0] + EXTENT_BLOCKS):
@@ -457,7 +463,7 @@ class BlockStore:
         return _trimmed(data, skip, count), walked[0], segments
 
     def read_run_located(self, file_id: int, version: int, first: int, count: int,
-                         extents: Sequence[int] = ()) -> tuple[bytes, list[int]] | None:
+                         extents: Sequence[int] = ()) -> tuple[RunBytes, list[int]] | None:
         """``read_run``, and where each block lies in the map (``read_run_resident`` needs
         that; the index does not read it, see ``index``): each block of the run widened to
         its ``extents``' ends."""
@@ -467,7 +473,7 @@ class BlockStore:
 
     def read_run(self, file_id: int, version: int, first: int, count: int,
                  addresses: list[int] | None = None, length: int = VALUE_BYTES,
-                 extents: Sequence[int] = ()) -> bytes | None:
+                 extents: Sequence[int] = ()) -> RunBytes | None:
         """Blocks ``[first, first + count)`` of one file version joined, each checksum verified,
         or None unless every one of them is stored and intact (``get_many`` then sorts out which).
         ``extents`` are the first blocks of the stored extents that hold blocks of the run,
@@ -495,7 +501,7 @@ class BlockStore:
 
     def read_run_resident(self, file_id: int, version: int, first: int, count: int,
                           addresses: list[int], probe: ResidencyProbe,
-                          extents: Sequence[int] = ()) -> bytes | None:
+                          extents: Sequence[int] = ()) -> RunBytes | None:
         """``read_run``, but only if no page of the run's heads needs the disk; else None.
         ``addresses`` must then cover the whole of the ``extents`` the run reads.
 

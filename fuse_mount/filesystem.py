@@ -21,6 +21,7 @@ from fabric.protocol import MetaEntry
 from neuralcache.hints import HintRecord
 
 from . import metrics
+from .block_store import RunBytes
 from .control import ControlFiles
 from .errors import fuse_handler
 from .exact_reads import ExactReadFiles
@@ -147,7 +148,7 @@ class SpokeFilesystem(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fh, keep_cache=True, direct_io=direct)
 
     @fuse_handler
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> RunBytes:
         entry = self._handles.get(fh)
         if entry is None:
             raise pyfuse3.FUSEError(errno.EBADF)
