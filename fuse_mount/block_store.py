@@ -95,9 +95,9 @@ class BlockKey(NamedTuple):
 
 RunBytes = bytes | memoryview
 """A run's bytes as a read returns them: a view into the joined extents when the run starts or
-ends inside one (a data loader's 1 MiB reads start at its samples' offsets, and copying the
-run out of the join cost as much again as the join, docs/throughput.md, session 56), else the
-joined bytes themselves. Either way one contiguous buffer, which pyfuse3 replies with as is."""
+ends inside one (a data loader's 1 MiB reads start at its samples' offsets, and slicing the
+run out of the join copied it a second time, docs/throughput.md, session 56), else the joined
+bytes themselves. Either way one contiguous buffer, which pyfuse3 replies with as is."""
 
 KeyTuple = tuple[int, int, int]
 """A block key as a plain tuple, equal to the ``BlockKey`` it names (cheaper to make)."""
