@@ -19,6 +19,7 @@ from typing import Iterator
 
 from bench.memfs import READY_LINE
 from bench.repro_procs import stop_process
+from fuse_mount.block_store import DATA_FILE
 from fuse_mount.daemon import BLOCKS_DIR
 from fuse_mount.launch import Hub, Spoke, is_mounted, metric
 
@@ -32,7 +33,7 @@ def exit_on_sigterm() -> None:
 
 def cache_file(cache_dir: str) -> str:
     """The file of a spoke cache directory that holds its blocks (LMDB's data file)."""
-    return os.path.join(cache_dir, BLOCKS_DIR, "data.mdb")
+    return os.path.join(cache_dir, BLOCKS_DIR, DATA_FILE)
 
 
 def drop_page_cache(path: str | os.PathLike[str]) -> None:

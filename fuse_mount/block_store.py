@@ -42,7 +42,7 @@ from fabric.checksum import block_checksum, range_checksums
 from fabric.protocol import CHECKSUM_BYTES
 from neuralcache.blocks import BLOCK_SIZE, block_count
 
-from .lmdb_pages import page_in_tables
+from .lmdb_pages import DATA_FILE, page_in_tables
 from .residency import ResidencyProbe, buffer_address, will_need, will_need_limit
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ TABLE_BYTES_PER_BLOCK = 512
 its stamp row (~50 bytes each on leaf pages at least half full), with room to spare."""
 MAP_SLACK = 64 * 1024 * 1024
 """Room beyond that for LMDB's branch pages and free-page bookkeeping."""
-LMDB_FILES = ("data.mdb", "lock.mdb")
+LMDB_FILES = (DATA_FILE, "lock.mdb")
 """What LMDB keeps in the cache's directory."""
 
 
@@ -319,7 +319,7 @@ class BlockStore:
             log.warning("the cache in %s was written by an older NeuralCache (two pages per "
                         "block); removed it (%d blocks), they will be fetched again", path, old)
         self._thread_probe = ResidencyProbe()
-        data_file = os.path.join(path, "data.mdb")
+        data_file = os.path.join(path, DATA_FILE)
         self.will_need_bytes = will_need_limit(data_file)
         """The most one ``will_need`` call reads of the cache file (``will_need_limit``)."""
         self.map_base = _map_base(data_file)

@@ -29,7 +29,7 @@ from neuralcache.trace import TraceWriter
 
 from . import metrics, sd_notify
 from .block_cache import BlockCache
-from .block_store import BlockStore, disk_shortfall
+from .block_store import DATA_FILE, BlockStore, disk_shortfall
 from .control import CONTROL_DIR
 from .control_socket import ControlServer
 from .fetcher import BlockFetcher
@@ -123,7 +123,7 @@ def _warn_if_the_disk_is_short(path: str, capacity: int) -> None:
     """Say at mount, not when the disk fills mid-epoch, that ``--cache-size`` does not fit: past
     that point blocks are read from the hub every time instead of being kept."""
     disk = os.statvfs(path)
-    data_file = os.path.join(path, "data.mdb")
+    data_file = os.path.join(path, DATA_FILE)
     short = disk_shortfall(capacity, os.path.getsize(data_file) if os.path.exists(data_file)
                            else 0, disk.f_bavail * disk.f_frsize)
     if short:

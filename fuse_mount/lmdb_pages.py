@@ -29,6 +29,10 @@ from neuralcache.blocks import contiguous_runs
 
 from .residency import advice_pieces
 
+DATA_FILE = "data.mdb"
+"""The file of an LMDB environment's directory that holds its pages (the other is its lock
+file)."""
+
 log = logging.getLogger(__name__)
 
 _TABLE_RECORD = struct.Struct("=IHHQQQQQ")
@@ -90,7 +94,7 @@ def page_in_tables(env: lmdb.Environment, names: list[bytes], max_pages: int,
     Advice: a file this cannot read is logged, and its tables' pages are then faulted in as
     they are used.
     """
-    path = os.path.join(env.path(), "data.mdb")
+    path = os.path.join(env.path(), DATA_FILE)
     page_size = env.stat()["psize"]
     asked = 0
     with open(path, "rb", buffering=0) as file, env.begin() as txn:
