@@ -12,12 +12,12 @@ holding the repository's packages (``git archive REV | tar -x -C DIR``); its run
 are started the same way) with this interpreter. One run per tree and round (``--repeats 1``),
 the trees' order rotating from round to round. Every run's results JSON and log stay in
 ``--out``. After each run it prints the run's measured targets, the spoke daemon's CPU seconds
-over each spoke run's loop, the loader's time in reads in each spoke run and the CPU time the
-hypervisor took during the loops; at the end, per figure, each tree's values, their median
-and in how many rounds each tree did best. The targets are ratios to hub-local's run in the
-same ``bench.repro`` run, so ``--targets`` must include hub-local (the default does). Ctrl-C
-or SIGTERM stops the run in progress as it would stop on its own. Wrap it in ``flock
-/tmp/nc-bench.lock`` as the other benches.
+over each spoke run's loop, the loader's time in reads and the cache's reader thread's disk
+waits in each spoke run, and the CPU time the hypervisor took during the loops; at the end,
+per figure, each tree's values, their median and in how many rounds each tree did best. The
+targets are ratios to hub-local's run in the same ``bench.repro`` run, so ``--targets`` must
+include hub-local (the default does). Ctrl-C or SIGTERM stops the run in progress as it would
+stop on its own. Wrap it in ``flock /tmp/nc-bench.lock`` as the other benches.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from bench.proc_cpu import DAEMON, STOLEN
 from bench.repro import DEFAULT_WORKDIR, load_results
 from bench.repro_procs import stop_process
 from bench.repro_scenarios import SPOKE, Scenario, checks
-from bench.repro_stats import read_seconds_total
+from bench.repro_stats import READER_DISK_WAITS, read_seconds_total
 
 DEFAULT_ROUNDS = 3
 RUN_TIMEOUT = 3600.0
@@ -49,6 +49,11 @@ LOADER_READS = "loader's seconds in reads"
 """The figure of ``repro_stats.read_seconds_total``: what the mount's waits cost the loader's
 workers, told apart from the run's time, which the hub-local run it is a ratio to, reading its
 export from a disk other tenants share, moves as much."""
+READER_WAITS = "reader thread's disk waits"
+"""``neuralcache_cache_reader_disk_waits_total`` over the loop: the times a warm read in the
+cache's reader thread waited for the disk (and every read queued behind it), because no
+read-ahead had asked for its pages in time. A figure that changes with how the daemon reads
+ahead, where the loader's time in reads also moves with the disk other tenants share."""
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 OWN_OPTIONS = ("--repeats", "--results", "--workdir", "--report-only")
 """``bench.repro`` options this tool sets itself for every run."""
@@ -89,7 +94,8 @@ def best_counts(figures: dict[str, list[Figure | None]]) -> tuple[dict[str, int]
 def run_figures(results_path: str) -> tuple[dict[str, Figure], float]:
     """The measured targets of one results file, then for each of its spoke runs the daemon's
     CPU seconds over the loop (steadier than the times on a shared machine, and what most
-    changes to the daemon move) and the loader's time in reads (``LOADER_READS``), and the CPU
+    changes to the daemon move), the loader's time in reads (``LOADER_READS``) and the reader
+    thread's disk waits (``READER_WAITS``, where the run's metrics have them), and the CPU
     seconds the hypervisor took over all of its runs' loops."""
     meta, runs = load_results(results_path)
     found = {c.name: Figure(c.value, c.at_least)
@@ -106,6 +112,11 @@ def run_figures(results_path: str) -> tuple[dict[str, Figure], float]:
         found[f"{scenario.variant}, {scenario.label}: {LOADER_READS}"] = Figure(
             statistics.median(read_seconds_total(r.trace) for r in by_repeat.values()),
             at_least=False)
+        waits = [r.metrics[READER_DISK_WAITS] for r in by_repeat.values()
+                 if r.metrics and READER_DISK_WAITS in r.metrics]
+        if waits:
+            found[f"{scenario.variant}, {scenario.label}: {READER_WAITS}"] = Figure(
+                statistics.median(waits), at_least=False)
     stolen = sum((r.cpu_seconds or {}).get(STOLEN, 0.0) for by in runs.values()
                  for r in by.values())
     return found, stolen

@@ -24,11 +24,12 @@ from bench.proc_cpu import DAEMON, STOLEN
 from bench.repro_ab import Figure, best_counts, main, rotation, run_figures
 from bench.repro_loader import LoopTrace
 from bench.repro_scenarios import COLD, LOCAL, SHUFFLED, SPOKE, Scenario
-from bench.repro_stats import RunRecord
+from bench.repro_stats import READER_DISK_WAITS, RunRecord
 
 COLD_SHUFFLE = "cold spoke, shuffled with hints: whole-run time vs hub-local"
 DAEMON_CPU = "shuffled, spoke cold: spoke daemon CPU seconds over the loop"
 LOADER_READS = "shuffled, spoke cold: loader's seconds in reads"
+READER_WAITS = "shuffled, spoke cold: reader thread's disk waits"
 
 
 @given(st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=6, unique=True))
@@ -56,15 +57,16 @@ def test_best_is_the_lower_time_or_the_higher_share() -> None:
 
 def _results(path: Path, cold_seconds: float, stolen: float) -> None:
     """A results file as ``bench.repro`` writes it: one hub-local and one cold shuffle run."""
-    def record(key: str, seconds: float, cpu: dict[str, float]) -> dict:
+    def record(key: str, seconds: float, cpu: dict[str, float],
+               metrics: dict[str, float] | None = None) -> dict:
         done = [float(t) for t in np.cumsum([seconds / 100] * 100)]
         trace = LoopTrace(24, asked=[0.0] + done[:-1], ready=[0.0] + done[:-1], done=done,
                           read_seconds=[0.001] * 2400)
-        return RunRecord(key, 0, trace, seconds, cpu_seconds=cpu).to_json()
+        return RunRecord(key, 0, trace, seconds, metrics=metrics, cpu_seconds=cpu).to_json()
 
     runs = [record(Scenario(SHUFFLED, LOCAL).key, 4.0, {STOLEN: 0.5}),
             record(Scenario(SHUFFLED, SPOKE, COLD).key, cold_seconds,
-                   {STOLEN: stolen, DAEMON: 3 * cold_seconds})]
+                   {STOLEN: stolen, DAEMON: 3 * cold_seconds}, {READER_DISK_WAITS: 17.0})]
     path.write_text(json.dumps({"meta": {"link": {"rate_bps": 200e6}}, "runs": runs}))
 
 
@@ -73,7 +75,8 @@ def test_a_results_file_gives_its_targets_and_the_stolen_time(tmp_path: Path) ->
     found, stolen = run_figures(str(tmp_path / "r.json"))
     assert found == {COLD_SHUFFLE: Figure(pytest.approx(1.1), at_least=False),
                      DAEMON_CPU: Figure(pytest.approx(13.2), at_least=False),
-                     LOADER_READS: Figure(pytest.approx(2.4), at_least=False)}
+                     LOADER_READS: Figure(pytest.approx(2.4), at_least=False),
+                     READER_WAITS: Figure(17.0, at_least=False)}
     assert stolen == pytest.approx(2.0)
 
 
