@@ -436,18 +436,29 @@ class BlockCache:
     def _read_ahead(self, file_id: int, version: int, first: int, count: int,
                     address: int) -> None:
         """For a run that starts where a recent one ended: if the value half a read-ahead past
-        its end is on the disk, not in RAM (or, if that block's place is not known, the run's
-        first value, at ``address``), have the page-in thread ask the kernel for the run and
-        the ``READ_AHEAD_BLOCKS`` after it at once, as the kernel's own readahead would for a
-        reader going forward through a file (it does not here: LMDB maps the cache file for
-        random access). Looking half a read-ahead on, not at the run itself, asks for the next
-        stretch while half of the last is still unread, as the kernel does at its readahead
-        marker: a reader going forward does not wait for the disk at each stretch's first
-        run. The prefetcher's windows do the same once they have grown; this covers a reader's
-        first reads, and readers nothing predicts. One ``mincore`` of one page."""
-        ahead = self._addresses.get(
-            self.keys.key(file_id, version, first + count + READ_AHEAD_BLOCKS // 2))
-        if self._probe.all_resident([address if ahead is None else ahead], 1):
+        its end, or the one just past it, is on the disk, not in RAM (or, if neither block's
+        place is known, the run's first value, at ``address``), have the page-in thread ask
+        the kernel for the run and the ``READ_AHEAD_BLOCKS`` after it at once, as the kernel's
+        own readahead would for a reader going forward through a file (it does not here: LMDB
+        maps the cache file for random access). Looking half a read-ahead on, not at the run
+        itself, asks for the next stretch while half of the last is still unread, as the
+        kernel does at its readahead marker: a reader going forward does not wait for the disk
+        at each stretch's first run. The prefetcher's windows do the same once they have
+        grown; this covers a reader's first reads, and readers nothing predicts.
+
+        The value just past the run is looked at too because something else may have read
+        the one half a read-ahead on: a prefetch window paged in (``page_in``) from where the
+        furthest of several workers taking turns had read, say, while the next runs' values
+        were still on the disk. Looking there alone, the read-ahead then stood down, and the
+        reader thread waited for the disk run after run (``neuralcache_cache_reader_disk_waits``
+        in the hundreds or thousands in about half the warm I/O-bound runs of ``python -m
+        bench.repro``, docs/repro.md, session 57). One ``mincore`` per page looked at."""
+        get, key = self._addresses.get, self.keys.key
+        probes = [place for place in (get(key(file_id, version, first + count)),
+                                      get(key(file_id, version,
+                                              first + count + READ_AHEAD_BLOCKS // 2)))
+                  if place is not None]
+        if self._probe.all_resident(probes or [address], 1):
             return
         # A page there is out, so the stretch is not asked about first (``mincore`` over up to
         # 8 MiB on the loop, answering what is known).

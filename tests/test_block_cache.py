@@ -633,6 +633,37 @@ def test_a_read_going_forward_has_the_next_stretch_read_while_half_the_last_is_u
         cache.close()
 
 
+def test_a_read_going_forward_has_the_blocks_just_after_it_read_when_further_ones_are_in_ram(
+        tmp_path: Path) -> None:
+    """Something else (a prefetch window's page-in) read in the blocks half a read-ahead past
+    a run while the ones just after it are still on the disk: the read-ahead still asks for
+    them, rather than take the blocks further on as a sign it already had."""
+    keys = [BlockKey(1, 1, b) for b in range(2 * READ_AHEAD_BLOCKS)]
+    cache, data_file = reopened_on_disk(tmp_path, keys)
+    half = READ_AHEAD_BLOCKS // 2
+
+    def forward(first: int, stop: int) -> None:
+        assert run(cache.read_run, 1, 1, first, stop - first) == b"".join(
+            block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:stop])
+    try:
+        forward(0, 4)  # where a reader starts: nothing more is asked for
+        far = (1, 1, 104 + half - 64, 104 + half + 64)  # around half a read-ahead past 104
+        wanted = cache.pages_to_read([far])
+        assert wanted is not None
+        run(cache.page_in, wanted)
+        deadline = time.monotonic() + 10
+        while cache.pages_to_read([far]) is not None:
+            assert time.monotonic() < deadline, "the pages never all came in"
+            time.sleep(0.05)
+        assert cache.pages_to_read([(1, 1, 104, 105)]) is not None  # block 104: on the disk
+        paged = metric("neuralcache_cache_page_in_blocks_total")
+        forward(4, 104)
+        assert metric("neuralcache_cache_page_in_blocks_total") == (
+            paged + 104 + READ_AHEAD_BLOCKS - 4)
+    finally:
+        cache.close()
+
+
 def test_page_in_reads_a_runs_values_into_ram_ahead_of_its_reads(tmp_path: Path) -> None:
     keys = [BlockKey(1, 1, b) for b in range(1024)]  # 4 MiB of blocks
     cache, data_file = reopened_on_disk(tmp_path, keys)
