@@ -14,7 +14,7 @@ import trio.testing
 from fabric.protocol import MetaEntry
 from fuse_mount.block_cache import BlockCache
 from fuse_mount.block_store import BlockKey, BlockStore
-from fuse_mount.fetcher import BlockFetcher
+from fuse_mount.fetcher import BlockFetcher, _Fetch
 from fuse_mount.namespace import Namespace
 from fuse_mount.prefetch import (REST_AFTER, RESTING_TICK_INTERVAL, TICK_INTERVAL,
                                  PrefetchPump)
@@ -352,4 +352,36 @@ def test_a_prefetch_whose_fetch_fails_reports_false(tmp_path: Path) -> None:
 
     trio.run(main)
     assert done == [False]
+    cache.close()
+
+
+def test_a_fetch_landing_over_held_blocks_leaves_their_extent_whole(tmp_path: Path) -> None:
+    """A fetch lands over blocks 10-23 of which 10-19 are held already (another fetch brought
+    them first), 0-15 stored as one extent: only 20-23 are put. Putting 10-15 again unpacked
+    the extent, which took blocks 0-9 out of the cache."""
+    size = 48 * BLOCK_SIZE
+    entry = MetaEntry("big.bin", "f", 0o444, size, 0, 9, 1)
+    data = bytes(range(256)) * (size // 256)
+    cache = BlockCache(BlockStore(str(tmp_path), 1 << 20), 1 << 20)
+    dropped: list[BlockKey] = []
+    cache.watch(dropped.append, lambda key: False)
+
+    async def main() -> None:
+        cache.put_run(entry.file_id, entry.version, 0,
+                      [data[b * BLOCK_SIZE:(b + 1) * BLOCK_SIZE] for b in range(20)])
+        await cache.flush()
+        assert cache.store.extents() == [BlockKey(entry.file_id, entry.version, 0)]
+        async with trio.open_nursery() as nursery:
+            fetcher = BlockFetcher(cache, FakeHub(), nursery,  # type: ignore[arg-type]
+                                   hub_timeout=5.0)
+            fetch = _Fetch(10, 14, prefetch=False)
+            fetcher._landed(entry, fetch, [data[10 * BLOCK_SIZE:24 * BLOCK_SIZE]])
+            assert fetch.done.is_set() and fetch.error is None
+            await cache.flush()
+            assert await fetcher.read(entry, 0, 24 * BLOCK_SIZE) == data[:24 * BLOCK_SIZE]
+            nursery.cancel_scope.cancel()
+    trio.run(main)
+    assert dropped == []
+    assert cache.held_blocks(entry.file_id, entry.version) == 24
+    assert cache.store.extents() == [BlockKey(entry.file_id, entry.version, 0)]
     cache.close()
