@@ -447,12 +447,9 @@ class BlockCache:
         grown; this covers a reader's first reads, and readers nothing predicts.
 
         The value just past the run is looked at too because something else may have read
-        the one half a read-ahead on: a prefetch window paged in (``page_in``) from where the
-        furthest of several workers taking turns had read, say, while the next runs' values
-        were still on the disk. Looking there alone, the read-ahead then stood down, and the
-        reader thread waited for the disk run after run (``neuralcache_cache_reader_disk_waits``
-        in the hundreds or thousands in about half the warm I/O-bound runs of ``python -m
-        bench.repro``, docs/repro.md, session 57). One ``mincore`` per page looked at."""
+        the one half a read-ahead on (a prefetch window's ``page_in``) while the next runs'
+        values were still on the disk: looking there alone, the read-ahead stood down
+        (docs/repro.md, session 57). One ``mincore`` per page looked at."""
         get, key = self._addresses.get, self.keys.key
         probes = [place for place in (get(key(file_id, version, first + count)),
                                       get(key(file_id, version,

@@ -599,6 +599,20 @@ def test_a_read_going_forward_through_a_cache_on_disk_has_the_blocks_after_it_re
         cache.close()
 
 
+def read_forward(cache: BlockCache, keys: list[BlockKey], first: int, stop: int) -> None:
+    """Read blocks ``[first, stop)`` of file 1 as one run and check their bytes."""
+    assert run(cache.read_run, 1, 1, first, stop - first) == b"".join(
+        block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:stop])
+
+
+def wait_paged_in(cache: BlockCache, first: int, stop: int) -> None:
+    """Wait until blocks ``[first, stop)`` of file 1 are all in RAM."""
+    deadline = time.monotonic() + 10
+    while cache.pages_to_read([(1, 1, first, stop)]) is not None:
+        assert time.monotonic() < deadline, "the pages never all came in"
+        time.sleep(0.05)
+
+
 def test_a_read_going_forward_has_the_next_stretch_read_while_half_the_last_is_unread(
         tmp_path: Path) -> None:
     """A reader going forward through a cache on disk in runs the reader thread reads: once
@@ -609,18 +623,14 @@ def test_a_read_going_forward_has_the_next_stretch_read_while_half_the_last_is_u
     half = READ_AHEAD_BLOCKS // 2
 
     def forward(first: int, stop: int) -> None:
-        assert run(cache.read_run, 1, 1, first, stop - first) == b"".join(
-            block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:stop])
+        read_forward(cache, keys, first, stop)
     try:
         forward(0, 4)  # where a reader starts: nothing more is asked for
         paged = metric("neuralcache_cache_page_in_blocks_total")
         forward(4, 104)  # goes on, and the block `half` past it is on the disk
         assert metric("neuralcache_cache_page_in_blocks_total") == (
             paged + 104 + READ_AHEAD_BLOCKS - 4)
-        deadline = time.monotonic() + 10
-        while cache.pages_to_read([(1, 1, 4, 104 + READ_AHEAD_BLOCKS)]) is not None:
-            assert time.monotonic() < deadline, "the pages never all came in"
-            time.sleep(0.05)
+        wait_paged_in(cache, 4, 104 + READ_AHEAD_BLOCKS)
         paged = metric("neuralcache_cache_page_in_blocks_total")
         forward(104, 360)  # half a read-ahead on from each of these is in RAM: nothing asked
         forward(360, 616)
@@ -640,24 +650,16 @@ def test_a_read_going_forward_has_the_blocks_just_after_it_read_when_further_one
     them, rather than take the blocks further on as a sign it already had."""
     keys = [BlockKey(1, 1, b) for b in range(2 * READ_AHEAD_BLOCKS)]
     cache, data_file = reopened_on_disk(tmp_path, keys)
-    half = READ_AHEAD_BLOCKS // 2
-
-    def forward(first: int, stop: int) -> None:
-        assert run(cache.read_run, 1, 1, first, stop - first) == b"".join(
-            block_bytes(k, BLOCK_SIZE, 0) for k in keys[first:stop])
+    far = 104 + READ_AHEAD_BLOCKS // 2  # half a read-ahead past block 104
     try:
-        forward(0, 4)  # where a reader starts: nothing more is asked for
-        far = (1, 1, 104 + half - 64, 104 + half + 64)  # around half a read-ahead past 104
-        wanted = cache.pages_to_read([far])
+        read_forward(cache, keys, 0, 4)  # where a reader starts: nothing more is asked for
+        wanted = cache.pages_to_read([(1, 1, far - 64, far + 64)])
         assert wanted is not None
         run(cache.page_in, wanted)
-        deadline = time.monotonic() + 10
-        while cache.pages_to_read([far]) is not None:
-            assert time.monotonic() < deadline, "the pages never all came in"
-            time.sleep(0.05)
+        wait_paged_in(cache, far - 64, far + 64)
         assert cache.pages_to_read([(1, 1, 104, 105)]) is not None  # block 104: on the disk
         paged = metric("neuralcache_cache_page_in_blocks_total")
-        forward(4, 104)
+        read_forward(cache, keys, 4, 104)
         assert metric("neuralcache_cache_page_in_blocks_total") == (
             paged + 104 + READ_AHEAD_BLOCKS - 4)
     finally:
