@@ -649,7 +649,7 @@ def test_a_read_going_forward_has_the_blocks_just_after_it_read_when_further_one
     a run while the ones just after it are still on the disk: the read-ahead still asks for
     them, rather than take the blocks further on as a sign it already had."""
     keys = [BlockKey(1, 1, b) for b in range(2 * READ_AHEAD_BLOCKS)]
-    cache, data_file = reopened_on_disk(tmp_path, keys)
+    cache, _ = reopened_on_disk(tmp_path, keys)
     far = 104 + READ_AHEAD_BLOCKS // 2  # half a read-ahead past block 104
     try:
         read_forward(cache, keys, 0, 4)  # where a reader starts: nothing more is asked for
