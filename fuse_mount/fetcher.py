@@ -229,13 +229,14 @@ class BlockFetcher:
         finally:
             self._landed(entry, fetch, result)
 
-    def _hold(self, entry: MetaEntry, first: int, blocks: list[memoryview]) -> None:
-        """Put the landed blocks the cache does not hold yet. A fetch may land over held ones:
-        a read's fetch spans the blocks between its first and last missing ones, some of them
-        on their way in another fetch that lands first. Put again, a block of a stored extent
-        unpacks it, and that takes the extent's other blocks out of the cache: a cold run read
-        through lost them, and its warm run fetched them again (docs/repro.md, session 57)."""
-        keys = self.cache.keys.run(entry.file_id, entry.version, first, len(blocks))
+    def _hold(self, entry: MetaEntry, first: int, keys: range, blocks: list[memoryview]
+              ) -> None:
+        """Put the landed blocks from ``first`` (the cache's ``keys``) it does not hold yet. A
+        fetch may land over held ones: a read's fetch spans the blocks between its first and
+        last missing ones, some of them on their way in another fetch that lands first. Put
+        again, a block of a stored extent unpacks it, and that takes the extent's other blocks
+        out of the cache: a cold run read through lost them, and its warm run fetched them
+        again (docs/repro.md, session 57)."""
         held = self.cache.policy.holds
         if not any(map(held, keys)):  # the usual landing: one put
             self.cache.put_run(entry.file_id, entry.version, first, blocks)
@@ -249,6 +250,7 @@ class BlockFetcher:
                 result: list[ReadData] | BaseException) -> None:
         """A fetch's bytes, in parts (or why there are none), are in: hold the blocks, wake
         the waiters."""
+        keys = self.cache.keys.run(entry.file_id, entry.version, fetch.first, fetch.count)
         if isinstance(result, BaseException):
             fetch.error = result
         else:
@@ -264,9 +266,9 @@ class BlockFetcher:
                 blocks = [view[i:i + BLOCK_SIZE] for view in map(memoryview, result)
                           for i in range(0, len(view), BLOCK_SIZE)]
                 fetch.blocks.update(zip(range(fetch.first, fetch.first + fetch.count), blocks))
-                self._hold(entry, fetch.first, blocks)
+                self._hold(entry, fetch.first, keys, blocks)
         inflight = self._inflight
-        for key in self.cache.keys.run(entry.file_id, entry.version, fetch.first, fetch.count):
+        for key in keys:
             if inflight.get(key) is fetch:
                 del inflight[key]
         fetch.done.set()
