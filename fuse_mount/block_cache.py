@@ -17,6 +17,7 @@ import logging
 from collections import deque
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
+import numpy as np
 import trio
 
 from fabric.job_threads import JobThreads
@@ -28,7 +29,7 @@ from .block_store import (EXTENT_BLOCKS, EXTENT_VALUE_BYTES, VALUE_BYTES, BlockK
                           RunBytes, extent_of)
 from .cache_writer import CacheWriteError, CacheWriter
 from .key_space import KeySpace, slot_of
-from .residency import ResidencyProbe, merged_spans, run_stretch, will_need_spans
+from .residency import ResidencyProbe, run_stretch, value_spans, will_need_spans
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ _DELETED = None  # marker in the pending-ops map: the key was evicted
 
 class PageIn(NamedTuple):
     """What ``BlockCache.page_in`` asks the kernel to read: spans of the map, and how many
-    blocks' values they hold (for the metric)."""
+    blocks of the runs asked about they hold (for the metric)."""
 
     spans: list[tuple[int, int]]
     blocks: int
@@ -468,14 +469,7 @@ class BlockCache:
         """Where the values of these runs ``(file, version, first, stop)`` lie, if any of their
         pages is not in RAM: what ``page_in`` should ask for. None if all of them are resident
         (the usual answer on a warm mount, found on the event loop with ``mincore``, without a
-        task or a thread), or if no block's place in the map is known.
-
-        A run whose first and last values lie close enough for the values between to lie side
-        by side (``residency.run_stretch``, as ``read_run`` takes a long run) counts as that
-        stretch, found with two look-ups; else each block's place is looked up. A prefetch
-        window hands over 64 MiB of runs at a time, and one look-up per block cost the event
-        loop about 0.6 ms of its 2.2 per window (most of the rest is ``mincore``).
-        """
+        task or a thread), or if no block's place in the map is known."""
         wanted = self._placed(runs)
         if not wanted.spans or self._probe.spans_resident(wanted.spans):
             return None
@@ -483,24 +477,38 @@ class BlockCache:
 
     def _placed(self, runs: Iterable[tuple[int, int, int, int]]) -> PageIn:
         """Where the values of these runs lie in the map, as ``pages_to_read`` finds them,
-        whether in RAM or not (no spans if no block's place is known)."""
-        get, run = self._addresses.get, self.keys.run
-        stretches: list[tuple[int, int]] = []
-        blocks = 0
+        whether in RAM or not (no spans if no block's place is known).
+
+        Each value by its own place: a stored extent by its first block's, a block stored on
+        its own by its own. A run's values need not lie between its first and last ones': a
+        cache filled by several readers at once holds each write batch's blocks together, in
+        the order their fetches landed. Guessed from a run's ends, as before, a prefetch
+        window's page-in left out the values outside, and a warm reader going through the
+        window waited for the disk once a page (docs/repro.md, session 58)."""
+        get, run, packed = self._addresses.get, self.keys.run, self._packed
+        extents: list[int] = []
+        parts: list[int] = []  # how many of the runs' blocks each of ``extents`` holds
+        blocks: list[int] = []
         for file_id, version, first, stop in runs:
             keys = run(file_id, version, first, stop - first)
-            if not keys:
+            if not packed:
+                blocks += keys
                 continue
-            ends = get(keys[0]), get(keys[-1])
-            stretch = None if None in ends else run_stretch(*ends, len(keys), VALUE_BYTES)
-            if stretch is not None:
-                stretches.append(stretch)
-                blocks += len(keys)
-                continue
-            placed = [(a, VALUE_BYTES) for key in keys if (a := get(key)) is not None]
-            stretches += placed
-            blocks += len(placed)
-        return PageIn(merged_spans(stretches), blocks)
+            for start in range(extent_of(keys.start), keys.stop, EXTENT_BLOCKS):
+                part = range(max(start, keys.start), min(start + EXTENT_BLOCKS, keys.stop))
+                if start in packed:
+                    extents.append(start)
+                    parts.append(len(part))
+                else:
+                    blocks += part
+        places = np.fromiter(itertools.chain(map(get, extents, itertools.repeat(-1)),
+                                             map(get, blocks, itertools.repeat(-1))),
+                             dtype=np.int64, count=len(extents) + len(blocks))
+        lengths = np.repeat([EXTENT_VALUE_BYTES, VALUE_BYTES], [len(extents), len(blocks)])
+        counts = np.concatenate((np.array(parts, dtype=np.int64),
+                                 np.ones(len(blocks), dtype=np.int64)))
+        known = places >= 0
+        return PageIn(value_spans(places[known], lengths[known]), int(counts[known].sum()))
 
     async def page_in(self, wanted: PageIn) -> None:
         """Have the kernel read these values (``pages_to_read``) from the disk into RAM, so

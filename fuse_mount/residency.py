@@ -17,6 +17,8 @@ import mmap
 import os
 from typing import Iterable, Iterator
 
+import numpy as np
+
 PAGE_SIZE = mmap.PAGESIZE
 _PAGE_MASK = ~(PAGE_SIZE - 1)
 MERGE_GAP_PAGES = 4
@@ -204,6 +206,23 @@ def merged_spans(stretches: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             spans.append((start, end))
     return spans
+
+
+def value_spans(places: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """``merged_spans`` of the stretches ``(places[i], lengths[i])``, in any order, computed
+    with numpy: a prefetch window names up to 64 MiB of values at a time, whose places are
+    known one by one only (a run's values need not lie between its first and last ones'), and
+    merging 16,384 of them in Python held the event loop 10 ms; this takes a tenth of that."""
+    if not places.size:
+        return []
+    order = np.argsort(places, kind="stable")
+    places, lengths = places[order], lengths[order]
+    starts = places & _PAGE_MASK
+    reach = np.maximum.accumulate(places + lengths)  # end of the span each stretch is in so far
+    breaks = np.flatnonzero(starts[1:] > reach[:-1] + _MERGE_GAP_BYTES)
+    firsts = np.concatenate(([0], breaks + 1))
+    lasts = np.append(breaks, places.size - 1)
+    return list(zip(starts[firsts].tolist(), reach[lasts].tolist()))
 
 
 def file_resident_bytes(path: str | os.PathLike[str]) -> int:

@@ -22,12 +22,13 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from fabric.checksum import block_checksum
 from fuse_mount import block_store
 from fuse_mount.block_store import (EXTENT_BLOCKS, EXTENT_HEAD_BYTES, EXTENT_TAIL_BYTES,
-                                    EXTENT_VALUE_BYTES, BlockKey, BlockStore, extent_of)
-from fuse_mount.residency import ResidencyProbe
+                                    EXTENT_VALUE_BYTES, VALUE_BYTES, BlockKey, BlockStore,
+                                    extent_of)
+from fuse_mount.residency import ResidencyProbe, merged_spans
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 from tests.test_block_cache import block_bytes, open_cache, run
-from tests.test_inline_read import evict
+from tests.test_inline_read import _AlwaysOut, evict
 
 FILE = (1, 1)
 RUN_READS = "neuralcache_cache_run_reads_total"
@@ -291,6 +292,26 @@ def test_a_read_inside_an_extent_is_served_on_the_loop_while_its_pages_are_in_ra
         txn.put(BlockKey(*FILE, 16).pack(), b"y" * 24, db=cache.store._extent_tails)
     assert run(cache.read_run, *FILE, 20, 4) is None  # get_many then drops it
     cache.close()
+
+
+def test_a_page_in_asks_for_each_stored_extent_whole_and_other_blocks_one_by_one(
+        tmp_path: Path) -> None:
+    """A window over two stored extents and blocks stored on their own: each extent's value
+    by its place, as one stretch (its blocks lie inside it), and each other block's own."""
+    store, _ = _written(tmp_path, 48, [0, 16])  # blocks 32-47 on their own
+    store.close()
+    cache = open_cache(tmp_path, 96 * BLOCK_SIZE)
+    cache._probe = _AlwaysOut()
+    try:
+        def place(block: int) -> int:
+            return cache._addresses[cache.keys.key(*FILE, block)]
+        wanted = cache.pages_to_read([(*FILE, 4, 40)])
+        assert wanted is not None and wanted.blocks == 36  # the window's blocks 4-39
+        assert wanted.spans == merged_spans(
+            [(place(0), EXTENT_VALUE_BYTES), (place(16), EXTENT_VALUE_BYTES)]
+            + [(place(b), VALUE_BYTES) for b in range(32, 40)])
+    finally:
+        cache.close()
 
 
 EXTENT_RUNS = 4

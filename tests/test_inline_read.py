@@ -8,14 +8,17 @@ import mmap
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.mount_procs import drop_page_cache
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
-from fuse_mount.block_store import VALUE_BYTES, BlockKey, BlockStore
+from fuse_mount.block_store import EXTENT_VALUE_BYTES, VALUE_BYTES, BlockKey, BlockStore
 from fuse_mount.residency import (MAX_CHECK_PAGES, PAGE_SIZE, ResidencyProbe, buffer_address,
-                                  merged_spans, run_stretch)
+                                  merged_spans, run_stretch, value_spans)
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 
@@ -246,32 +249,43 @@ class _AlwaysOut(ResidencyProbe):
         return False
 
 
-def test_a_windows_runs_are_checked_by_their_ends_if_close(tmp_path: Path) -> None:
+def test_a_windows_values_are_asked_for_where_each_lies(tmp_path: Path) -> None:
+    """A page-in names every value whose place is known, also values a later write put
+    outside the stretch between the run's first and last (a cache filled by several readers
+    at once): guessed from the ends, those were left on the disk for the reader to wait on."""
     blocks = 128
     _filled_store(tmp_path, blocks)
     cache = BlockCache(BlockStore(str(tmp_path), 4 * blocks * BLOCK_SIZE),
                        4 * blocks * BLOCK_SIZE)
     window = [(1, 1, 0, blocks)]
+
+    def covered(spans: list[tuple[int, int]], address: int) -> bool:
+        return any(start <= address and address + VALUE_BYTES <= end for start, end in spans)
     try:
         assert trio.run(cache.read_run, 1, 1, 0, blocks) is not None  # learns where they lie
         assert cache.pages_to_read(window) is None  # just read: in RAM
         keys = cache.keys.run(1, 1, 0, blocks)
-        first, last = cache._addresses[keys[0]], cache._addresses[keys[-1]]
         cache._probe = _AlwaysOut()
-        # The ends lie close: their stretch stands for the run, the places between unasked.
-        middle = {k: cache._addresses.pop(k) for k in keys[1:-1]}
         wanted = cache.pages_to_read(window)
         assert wanted is not None and wanted.blocks == blocks
-        assert wanted.spans == [(first & ~(PAGE_SIZE - 1), last + VALUE_BYTES)]
-        # Ends far apart: each known place is asked about, and counted.
-        cache._addresses[keys[-1]] = last + (1 << 30)
+        assert all(covered(wanted.spans, cache._addresses[k]) for k in keys)
+        moved = cache._addresses[keys[50]] = cache._addresses[keys[-1]] + (1 << 30)
+        wanted = cache.pages_to_read(window)
+        assert wanted is not None and wanted.blocks == blocks and covered(wanted.spans, moved)
+        for key in keys[1:-1]:  # places not known: not asked for, not counted
+            del cache._addresses[key]
         wanted = cache.pages_to_read(window)
         assert wanted is not None and wanted.blocks == 2 and len(wanted.spans) == 2
-        cache._addresses.update(middle)
-        wanted = cache.pages_to_read(window)
-        assert wanted is not None and wanted.blocks == blocks and len(wanted.spans) == 2
     finally:
         cache.close()
+
+
+@given(st.lists(st.tuples(st.integers(0, 1 << 24), st.sampled_from(
+    [8, VALUE_BYTES, PAGE_SIZE + 1, EXTENT_VALUE_BYTES])), max_size=40))
+def test_value_spans_are_the_merged_spans_of_the_values(stretches: list[tuple[int, int]]) -> None:
+    places = np.array([place for place, _ in stretches], dtype=np.int64)
+    lengths = np.array([length for _, length in stretches], dtype=np.int64)
+    assert value_spans(places, lengths) == merged_spans(stretches)
 
 
 def test_where_blocks_lie_is_known_again_after_a_remount(tmp_path: Path) -> None:
