@@ -491,10 +491,19 @@ class BlockCache:
         blocks: list[int] = []
         for file_id, version, first, stop in runs:
             keys = run(file_id, version, first, stop - first)
+            if not keys:
+                continue
             if not packed:
                 blocks += keys
                 continue
-            for start in range(extent_of(keys.start), keys.stop, EXTENT_BLOCKS):
+            starts = range(extent_of(keys.start), keys.stop, EXTENT_BLOCKS)
+            if all(map(packed.__contains__, starts)):  # a run stored in order, the usual
+                extents += starts
+                parts += itertools.repeat(EXTENT_BLOCKS, len(starts))
+                parts[-len(starts)] -= keys.start - starts[0]
+                parts[-1] -= starts[-1] + EXTENT_BLOCKS - keys.stop
+                continue
+            for start in starts:
                 part = range(max(start, keys.start), min(start + EXTENT_BLOCKS, keys.stop))
                 if start in packed:
                     extents.append(start)
