@@ -13,6 +13,9 @@ measured is CPU, as in the warm rows of ``bench.throughput``):
   cursor walk, one join), called directly, for 256 blocks (one 1 MiB FUSE read) and 4 (16 KiB);
 - ``BlockStore.read_run_resident`` (the same after a ``mincore`` check of the values' pages),
   and that check alone;
+- ``BlockCache.pages_to_read`` of the whole store as one run, as a prefetch window's page-in
+  asks on the event loop (64 MiB at the default size: where each value lies, and a ``mincore``
+  check that finds them all in RAM);
 - ``BlockCache.read_run`` and ``BlockCache.get_many``: the same through the cache (LRU and
   last-use stamps), ``read_run`` both on the event loop (inline, as the cache serves runs of
   pages in RAM up to its limit) and through its reader thread;
@@ -245,7 +248,10 @@ async def _measure(cache: BlockCache, loose: BlockStore, blocks: int) -> list[st
                  _best(lambda i: resident(small(i), SMALL_BLOCKS), 5000), 16384),
             _row("ResidencyProbe.all_resident, 4 blocks (mincore)",
                  _best(lambda i: probe.all_resident(addresses(small(i), SMALL_BLOCKS),
-                                                    VALUE_BYTES), 5000), None)]
+                                                    VALUE_BYTES), 5000), None),
+            _row("BlockCache.pages_to_read, the whole store as one window",
+                 _best(lambda i: cache.pages_to_read([(FILE_ID, VERSION, 0, blocks)]), 50),
+                 None)]
     reader.close()
     unpinned.close()
     rows += [_row("BlockCache.get_many, 256 keys",
