@@ -50,13 +50,13 @@ from typing import Any, Callable, Iterable, Iterator
 
 from bench import mount_procs, proc_cpu, repro_procs
 from bench.mount_procs import drop_page_cache, exit_on_sigterm
-from bench.repro_data import WINDOW_BYTES, ShardLayout, make_dataset
+from bench.repro_data import MANIFEST, WINDOW_BYTES, ShardLayout, make_dataset
 from bench.repro_diag import Timeline, diagnose, link_model
 from bench.repro_loader import (SEQUENTIAL as ORDER_SEQUENTIAL, SHUFFLED as ORDER_SHUFFLED,
                                 STEP_KINDS, STEP_SLEEP, LoopConfig, run_loop)
 from bench.repro_report import markdown, plot
 from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, RCLONE, SEQUENTIAL, SHUFFLED,
-                                   SPOKE, TARGETS, VARIANTS, Runs, Scenario, scenarios)
+                                   SPOKE, TARGETS, VARIANTS, WARM, Runs, Scenario, scenarios)
 from bench.repro_stats import (HINT_RECORDS, RunRecord, link_counter, metric_total, metrics_delta,
                                summarize)
 from bench.transport import configure_node
@@ -222,6 +222,8 @@ class Repro:
                      if self.args.record_traces else [])
             with repro_procs.spoke(self.link, self.hub_address, cache, mountpoint,
                                    self.cache_size, log, options + trace) as mount:
+                if scenario.state == WARM and self.args.warm_drop_manifest:
+                    repro_procs.drop_cached(os.path.join(mountpoint, MANIFEST))
                 self.measure(scenario, repeat, mountpoint,
                              self._hinted(mountpoint) if hints else None, mount.metrics_port)
 
@@ -406,6 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spoke-option", action="append", default=[], metavar="OPT",
                    help="extra argument for every neuralcache mount, e.g. "
                         "--spoke-option=--no-prefetch (repeatable)")
+    p.add_argument("--warm-drop-manifest", action="store_true",
+                   help="drop the dataset's manifest, which the loader never reads, from the "
+                        "cache before each warm spoke run (neuralcache cache drop): a warm cache "
+                        "short of a file, whose prefetcher keeps watching the reads")
     p.add_argument("--record-traces", metavar="DIR",
                    help="record each spoke run's reads and hints to DIR/spoke-REPEAT-VARIANT-"
                         "STATE.trace (replay: python -m bench.prefetch_eval --trace FILE)")

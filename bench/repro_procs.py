@@ -138,6 +138,14 @@ def spoke(link: WanLink, hub_address: str, cache_dir: str, mountpoint: str, cach
         unmount_spoke(mountpoint)
 
 
+def drop_cached(path: str) -> None:
+    """``neuralcache cache drop PATH``: a file of a spoke mount out of its cache."""
+    result = subprocess.run([*NEURALCACHE, "cache", "drop", path], capture_output=True,
+                            text=True, stdin=subprocess.DEVNULL, timeout=START_WAIT)
+    if result.returncode != 0:
+        raise RuntimeError(f"cache drop failed: {result.stderr.strip()}")
+
+
 def unmount_spoke(mountpoint: str) -> None:
     """Unmount, waiting for the daemon's flush; lazily unmount and kill it if that fails."""
     record = read_record(os.path.realpath(mountpoint))
