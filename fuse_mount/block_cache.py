@@ -486,38 +486,41 @@ class BlockCache:
         window's page-in left out the values outside, and a warm reader going through the
         window waited for the disk once a page (docs/repro.md, session 58)."""
         get, run, packed = self._addresses.get, self.keys.run, self._packed
-        extents: list[int] = []
-        parts: list[int] = []  # how many of the runs' blocks each of ``extents`` holds
-        blocks: list[int] = []
+        # In the runs' order, the reader's: a stored extent by its first key, else a block.
+        values: list[int] = []
+        lengths: list[int] = []
+        counts: list[int] = []  # how many of the runs' blocks each value holds
         for file_id, version, first, stop in runs:
             keys = run(file_id, version, first, stop - first)
             if not keys:
                 continue
-            if not packed:
-                blocks += keys
-                continue
             starts = range(extent_of(keys.start), keys.stop, EXTENT_BLOCKS)
-            if all(map(packed.__contains__, starts)):  # a run stored in order, the usual
-                extents += starts
-                parts += itertools.repeat(EXTENT_BLOCKS, len(starts))
-                parts[-len(starts)] -= keys.start - starts[0]
-                parts[-1] -= starts[-1] + EXTENT_BLOCKS - keys.stop
-                continue
-            for start in starts:
-                part = range(max(start, keys.start), min(start + EXTENT_BLOCKS, keys.stop))
-                if start in packed:
-                    extents.append(start)
-                    parts.append(len(part))
-                else:
-                    blocks += part
-        places = np.fromiter(itertools.chain(map(get, extents, itertools.repeat(-1)),
-                                             map(get, blocks, itertools.repeat(-1))),
-                             dtype=np.int64, count=len(extents) + len(blocks))
-        lengths = np.repeat([EXTENT_VALUE_BYTES, VALUE_BYTES], [len(extents), len(blocks)])
-        counts = np.concatenate((np.array(parts, dtype=np.int64),
-                                 np.ones(len(blocks), dtype=np.int64)))
+            if not packed or not any(map(packed.__contains__, starts)):
+                values += keys
+                lengths += itertools.repeat(VALUE_BYTES, len(keys))
+                counts += itertools.repeat(1, len(keys))
+            elif all(map(packed.__contains__, starts)):  # a run stored in order, the usual
+                values += starts
+                lengths += itertools.repeat(EXTENT_VALUE_BYTES, len(starts))
+                counts += itertools.repeat(EXTENT_BLOCKS, len(starts))
+                counts[-len(starts)] -= keys.start - starts[0]
+                counts[-1] -= starts[-1] + EXTENT_BLOCKS - keys.stop
+            else:
+                for start in starts:
+                    part = range(max(start, keys.start), min(start + EXTENT_BLOCKS, keys.stop))
+                    if start in packed:
+                        values.append(start)
+                        lengths.append(EXTENT_VALUE_BYTES)
+                        counts.append(len(part))
+                    else:
+                        values += part
+                        lengths += itertools.repeat(VALUE_BYTES, len(part))
+                        counts += itertools.repeat(1, len(part))
+        places = np.fromiter(map(get, values, itertools.repeat(-1)), dtype=np.int64,
+                             count=len(values))
         known = places >= 0
-        return PageIn(value_spans(places[known], lengths[known]), int(counts[known].sum()))
+        return PageIn(value_spans(places[known], np.array(lengths, dtype=np.int64)[known]),
+                      int(np.array(counts, dtype=np.int64)[known].sum()))
 
     async def page_in(self, wanted: PageIn) -> None:
         """Have the kernel read these values (``pages_to_read``) from the disk into RAM, so
