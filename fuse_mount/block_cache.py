@@ -486,8 +486,7 @@ class BlockCache:
         window's page-in left out the values outside, and a warm reader going through the
         window waited for the disk once a page (docs/repro.md, session 58)."""
         get, run, packed = self._addresses.get, self.keys.run, self._packed
-        # In the runs' order, the reader's: a stored extent by its first key, else a block.
-        values: list[int] = []
+        values: list[int] = []  # a stored extent by its first key, a block on its own by its own
         lengths: list[int] = []
         counts: list[int] = []  # how many of the runs' blocks each value holds
         for file_id, version, first, stop in runs:

@@ -209,11 +209,9 @@ def merged_spans(stretches: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def value_spans(places: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]]:
-    """``merged_spans`` of the stretches ``(places[i], lengths[i])``, computed with numpy, in
-    the order of the stretches they hold (a span comes where its earliest stretch is): a
-    prefetch window names up to 64 MiB of values at a time, each by its own place (a run's
-    values need not lie between its first and last ones'), in the order its reader will want
-    them, and the kernel reads what it is asked for in the order it is asked. The event loop
+    """``merged_spans`` of the stretches ``(places[i], lengths[i])``, in any order, computed
+    with numpy: a prefetch window names up to 64 MiB of values at a time, each by its own
+    place (a run's values need not lie between its first and last ones'), and the event loop
     merges them (``bench.read_path_costs``: "pages_to_read, the whole store as one window")."""
     if not places.size:
         return []
@@ -224,9 +222,7 @@ def value_spans(places: np.ndarray, lengths: np.ndarray) -> list[tuple[int, int]
     breaks = np.flatnonzero(starts[1:] > reach[:-1] + _MERGE_GAP_BYTES)
     firsts = np.concatenate(([0], breaks + 1))
     lasts = np.append(breaks, places.size - 1)
-    earliest = np.minimum.reduceat(order, firsts)
-    by_need = np.argsort(earliest, kind="stable")
-    return list(zip(starts[firsts][by_need].tolist(), reach[lasts][by_need].tolist()))
+    return list(zip(starts[firsts].tolist(), reach[lasts].tolist()))
 
 
 def file_resident_bytes(path: str | os.PathLike[str]) -> int:
