@@ -28,7 +28,7 @@ from fuse_mount.residency import ResidencyProbe, merged_spans
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 from tests.test_block_cache import block_bytes, open_cache, run
-from tests.test_inline_read import _AlwaysOut, evict
+from tests.test_inline_read import AlwaysOut, evict
 
 FILE = (1, 1)
 RUN_READS = "neuralcache_cache_run_reads_total"
@@ -301,7 +301,7 @@ def test_a_page_in_asks_for_each_stored_extent_whole_and_other_blocks_one_by_one
     store, _ = _written(tmp_path, 48, [0, 16])  # blocks 32-47 on their own
     store.close()
     cache = open_cache(tmp_path, 96 * BLOCK_SIZE)
-    cache._probe = _AlwaysOut()
+    cache._probe = AlwaysOut()
     try:
         def place(block: int) -> int:
             return cache._addresses[cache.keys.key(*FILE, block)]

@@ -242,7 +242,7 @@ def test_stretches_share_a_span_where_close() -> None:
     assert merged_spans(stretches) == [(2 * page, 6 * page + 10), (20 * page, 20 * page + 10)]
 
 
-class _AlwaysOut(ResidencyProbe):
+class AlwaysOut(ResidencyProbe):
     """Says no page is in RAM, so that ``pages_to_read`` shows what it would ask for."""
 
     def spans_resident(self, spans: list[tuple[int, int]]) -> bool:
@@ -265,7 +265,7 @@ def test_a_windows_values_are_asked_for_where_each_lies(tmp_path: Path) -> None:
         assert trio.run(cache.read_run, 1, 1, 0, blocks) is not None  # learns where they lie
         assert cache.pages_to_read(window) is None  # just read: in RAM
         keys = cache.keys.run(1, 1, 0, blocks)
-        cache._probe = _AlwaysOut()
+        cache._probe = AlwaysOut()
         wanted = cache.pages_to_read(window)
         assert wanted is not None and wanted.blocks == blocks
         assert all(covered(wanted.spans, cache._addresses[k]) for k in keys)
