@@ -494,20 +494,21 @@ class BlockCache:
             if not keys:
                 continue
             starts = range(extent_of(keys.start), keys.stop, EXTENT_BLOCKS)
-            if not packed or not any(map(packed.__contains__, starts)):
+            stored = list(map(packed.__contains__, starts)) if packed else []
+            if not any(stored):
                 values += keys
                 lengths += itertools.repeat(VALUE_BYTES, len(keys))
                 counts += itertools.repeat(1, len(keys))
-            elif all(map(packed.__contains__, starts)):  # a run stored in order, the usual
+            elif all(stored):  # a run stored in order, the usual
                 values += starts
                 lengths += itertools.repeat(EXTENT_VALUE_BYTES, len(starts))
                 counts += itertools.repeat(EXTENT_BLOCKS, len(starts))
                 counts[-len(starts)] -= keys.start - starts[0]
                 counts[-1] -= starts[-1] + EXTENT_BLOCKS - keys.stop
             else:
-                for start in starts:
+                for start, is_stored in zip(starts, stored):
                     part = range(max(start, keys.start), min(start + EXTENT_BLOCKS, keys.stop))
-                    if start in packed:
+                    if is_stored:
                         values.append(start)
                         lengths.append(EXTENT_VALUE_BYTES)
                         counts.append(len(part))
