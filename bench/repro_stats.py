@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from bench.proc_cpu import DAEMON_LOOP
+from bench.proc_cpu import DAEMON_LOOP, STOLEN
 from bench.repro_loader import LoopTrace
 
 RATE_WINDOWS: tuple[tuple[int, int | None], ...] = ((0, 100), (100, 150), (150, None))
@@ -244,18 +244,36 @@ class RunRecord:
     metrics: dict[str, float] | None = None  # spoke metric increases; None if not our mount
     wan_drops: int | None = None  # hub -> spoke packets tail-dropped by the link's queue
     cpu_seconds: dict[str, float] | None = None  # CPU per role over the loop (bench.proc_cpu)
+    discarded: str | None = None  # why the run was set aside and run again; None if kept
 
     def to_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "repeat": self.repeat, "trace": self.trace.to_json(),
                 "probe_seconds": self.probe_seconds, "wan_down_bytes": self.wan_down_bytes,
                 "wan_up_bytes": self.wan_up_bytes, "metrics": self.metrics,
-                "wan_drops": self.wan_drops, "cpu_seconds": self.cpu_seconds}
+                "wan_drops": self.wan_drops, "cpu_seconds": self.cpu_seconds,
+                "discarded": self.discarded}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunRecord:
         return cls(data["scenario"], data["repeat"], LoopTrace.from_json(data["trace"]),
                    data["probe_seconds"], data["wan_down_bytes"], data["wan_up_bytes"],
-                   data["metrics"], data.get("wan_drops"), data.get("cpu_seconds"))
+                   data["metrics"], data.get("wan_drops"), data.get("cpu_seconds"),
+                   data.get("discarded"))
+
+
+def stolen_share(record: RunRecord, cores: int) -> float:
+    """The share of the machine's CPU time (all ``cores``) its hypervisor gave to others over
+    the run's loop; 0 if the run did not measure it."""
+    stolen = (record.cpu_seconds or {}).get(STOLEN, 0.0)
+    return stolen / (record.probe_seconds * cores) if record.probe_seconds > 0 else 0.0
+
+
+def least_disturbed(attempts: Sequence[Sequence[RunRecord]], cores: int) -> int:
+    """Index of the attempt to keep among runs of the same scenarios: the one whose most
+    disturbed loop lost the least CPU to the hypervisor (``stolen_share``), the earliest of
+    equals. Chosen by the host's interference alone, never by the figures measured."""
+    return min(range(len(attempts)),
+               key=lambda i: max((stolen_share(r, cores) for r in attempts[i]), default=0.0))
 
 
 def link_use(record: RunRecord, link_rate_bps: float) -> float | None:
