@@ -446,6 +446,13 @@ def _share(text: str) -> float:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1; got {text!r}")
+    return value
+
+
 def _csv(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -503,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steal", type=_share, default=MAX_STEAL, metavar="SHARE",
                    help="run a scenario again if the hypervisor took more than this share of "
                         "the machine's CPU time during one of its loops [%(default)g]")
-    p.add_argument("--attempts", type=int, default=ATTEMPTS,
+    p.add_argument("--attempts", type=_at_least_one, default=ATTEMPTS,
                    help="most attempts at a scenario under --max-steal; the least disturbed "
                         "is kept [%(default)s]; 1: never run again")
     p.add_argument("--seed", type=int, default=SEED)

@@ -394,3 +394,13 @@ def test_a_failed_attempt_after_a_disturbed_one_leaves_the_completed_one(tmp_pat
     assert [r.discarded is None for r in bench.records] == [True, True, False]
     assert "failed" in bench.records[2].discarded  # type: ignore[operator]
     assert len(_kept(bench)) == 2  # the first attempt's cold and warm runs
+
+
+@pytest.mark.parametrize("argv", [["--max-steal", "1.5"], ["--max-steal", "-0.1"],
+                                  ["--attempts", "0"]])
+def test_the_rerun_rule_refuses_what_it_cannot_mean(argv: list[str]) -> None:
+    from bench.repro import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert build_parser().parse_args([]).max_steal == pytest.approx(0.02)
