@@ -267,13 +267,14 @@ class Repro:
         in all; the least disturbed attempt is kept (``least_disturbed``), the others' records
         are marked discarded and listed in the report's header.
 
-        Every role here shares two cores, and the loader alone nearly fills them with a GPU
-        step: a loop during which the host took CPUs away ran slower for the host, not the
-        code. A cold spoke loop whose machine lost 13 % of its CPU time came to 1.070x
-        hub-local's time where an undisturbed pair of the same run came to 1.027x
-        (docs/repro.md, session 59). A spoke attempt is its cold and warm runs together: the
-        warm one reads the cache the cold one filled. An attempt that fails is set aside if
-        an earlier one completed, and the failure is reported as before."""
+        While the host runs others on this machine's CPUs nothing here runs, the loop's step,
+        its workers' reads and the daemon's replies all wait: a loop during which the host took
+        CPUs away ran slower for the host, not the code. A cold spoke loop whose machine lost
+        13 % of its CPU time came to 1.070x hub-local's time where an undisturbed pair of the
+        same run came to 1.027x (docs/repro.md, session 59). A spoke attempt is its cold and
+        warm runs together: the warm one reads the cache the cold one filled. An attempt that
+        fails is set aside if an earlier one completed, and the failure is reported as
+        before."""
         cores = os.cpu_count() or 1
         attempts: list[list[RunRecord]] = []
         try:
