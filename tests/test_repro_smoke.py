@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.proc_cpu import DAEMON, DAEMON_LOOP, FORWARDER, HUB, LOADER, STOLEN
-from bench.repro import Repro, load_results, rerun_lines
+from bench.repro import Repro, build_parser, load_results, rerun_lines
 from bench.repro_data import (TOKEN_DTYPE, TOKENS_PER_WINDOW, WINDOW_BYTES, ShardLayout,
                               make_dataset, read_layout)
 from bench.repro_loader import SHUFFLED, LoopConfig, LoopTrace, run_loop
@@ -319,6 +319,10 @@ def test_the_least_disturbed_attempt_is_the_one_whose_worst_loop_lost_least() ->
     assert least_disturbed(attempts, cores=2) == 1
 
 
+_CORES = os.cpu_count() or 1
+"""What ``Repro.run_undisturbed`` takes the machine to have."""
+
+
 class _Host:
     """Runner stand-in: each call records one run per scenario, losing the next share of the
     machine's CPU to the hypervisor, or raising."""
@@ -335,10 +339,6 @@ class _Host:
                                               else share * 10.0 * _CORES, repeat))
             if isinstance(share, Exception):
                 raise share  # after the cold run: a part of an attempt is left
-
-
-_CORES = os.cpu_count() or 1
-"""What ``Repro.run_undisturbed`` takes the machine to have."""
 
 
 def _bench(tmp_path: Any, attempts: int = 3) -> Repro:
@@ -399,8 +399,6 @@ def test_a_failed_attempt_after_a_disturbed_one_leaves_the_completed_one(tmp_pat
 @pytest.mark.parametrize("argv", [["--max-steal", "1.5"], ["--max-steal", "-0.1"],
                                   ["--attempts", "0"]])
 def test_the_rerun_rule_refuses_what_it_cannot_mean(argv: list[str]) -> None:
-    from bench.repro import build_parser
-
     with pytest.raises(SystemExit):
         build_parser().parse_args(argv)
     assert build_parser().parse_args([]).max_steal == pytest.approx(0.02)
