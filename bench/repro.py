@@ -61,7 +61,7 @@ from bench.repro_report import markdown, plot
 from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, RCLONE, SEQUENTIAL, SHUFFLED,
                                    SPOKE, TARGETS, VARIANTS, WARM, Runs, Scenario, scenarios)
 from bench.repro_stats import (HINT_RECORDS, RunRecord, least_disturbed, link_counter,
-                               metric_total, metrics_delta, stolen_share, summarize)
+                               metric_total, metrics_delta, summarize, worst_stolen_share)
 from bench.transport import configure_node
 from bench.wan import (DEFAULT_MTU, SPOKE as SPOKE_SIDE, LinkSpec, WanLink, parse_rate,
                        parse_rtt)
@@ -287,7 +287,7 @@ class Repro:
                         self._discard(self.records[first:], "its attempt failed")
                     raise
                 attempts.append(self.records[first:])
-                worst = max((stolen_share(r, cores) for r in attempts[-1]), default=0.0)
+                worst = worst_stolen_share(attempts[-1], cores)
                 if worst <= self.args.max_steal or len(attempts) >= self.args.attempts:
                     break
                 print(f"  the hypervisor took {100 * worst:.1f} % of the CPUs during a loop: "
@@ -299,7 +299,7 @@ class Repro:
                 for number, made in enumerate(attempts, 1):
                     if number - 1 == kept:
                         continue
-                    share = max(stolen_share(r, cores) for r in made)
+                    share = worst_stolen_share(made, cores)
                     self._discard(made, f"attempt {number} of {len(attempts)}, during which the "
                                         f"hypervisor took up to {100 * share:.1f} % of the CPUs "
                                         f"in a loop; attempt {kept + 1} kept")

@@ -268,12 +268,17 @@ def stolen_share(record: RunRecord, cores: int) -> float:
     return stolen / (record.probe_seconds * cores) if record.probe_seconds > 0 else 0.0
 
 
+def worst_stolen_share(records: Iterable[RunRecord], cores: int) -> float:
+    """``stolen_share`` of the most disturbed of these runs (one attempt at a scenario); 0 if
+    there are none."""
+    return max((stolen_share(r, cores) for r in records), default=0.0)
+
+
 def least_disturbed(attempts: Sequence[Sequence[RunRecord]], cores: int) -> int:
     """Index of the attempt to keep among runs of the same scenarios: the one whose most
-    disturbed loop lost the least CPU to the hypervisor (``stolen_share``), the earliest of
-    equals. Chosen by the host's interference alone, never by the figures measured."""
-    return min(range(len(attempts)),
-               key=lambda i: max((stolen_share(r, cores) for r in attempts[i]), default=0.0))
+    disturbed loop lost the least CPU to the hypervisor (``worst_stolen_share``), the earliest
+    of equals. Chosen by the host's interference alone, never by the figures measured."""
+    return min(range(len(attempts)), key=lambda i: worst_stolen_share(attempts[i], cores))
 
 
 def link_use(record: RunRecord, link_rate_bps: float) -> float | None:
