@@ -10,7 +10,8 @@ import numpy as np
 from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, SHUFFLED, SEQUENTIAL, VARIANTS,
                                    Check, Runs, Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, GC_SECONDS, HINT_RECORDS, LOOP_DISK_WAITS,
-                               PREFETCH_ISSUED, PREFETCH_USEFUL, RATE_WINDOWS, READ_BYTES,
+                               PREFETCH_ISSUED, PREFETCH_SECONDS, PREFETCH_USEFUL, RATE_WINDOWS,
+                               READ_BYTES,
                                READER_DISK_WAITS, READER_WAIT_BUCKET, RunRecord, RunSummary, Spread,
                                cold_start_share, cpu_floor, histogram_quantile, latency_buckets,
                                loop_load, metric_total, spread, summarize, total_seconds,
@@ -95,12 +96,13 @@ def _table(head: list[str], body: list[list[str]]) -> str:
 
 
 def spoke_table(runs: Runs) -> str:
-    """Where the spoke's bytes came from, what its prefetcher did, how busy its event loop
-    was (how often it waited for the disk, how long the collector ran) and how long reads
-    waited for the cache's reader thread ("–" for runs from before those were counted), per
-    spoke scenario."""
+    """Where the spoke's bytes came from, what its prefetcher did and what that took of the
+    event loop, how busy the loop was (how often it waited for the disk, how long the
+    collector ran) and how long reads waited for the cache's reader thread ("–" for runs
+    from before those were counted), per spoke scenario."""
     head = ["scenario", "read from cache (MB)", "served from hub fetches (MB)",
             "prefetch issued (MB)", "prefetch useful (MB)", "hint records",
+            "prefetching on the event loop (s)",
             "daemon's event loop: on a CPU + waiting for one", "its waits for the disk",
             "reader thread's waits for the disk",
             "garbage collection (s)", "reads' wait for the reader thread p50 / p99 (ms)"]
@@ -120,10 +122,11 @@ def spoke_table(runs: Runs) -> str:
                 col(READ_BYTES, source="cache"), col(READ_BYTES, source="hub"),
                 col(PREFETCH_ISSUED), col(PREFETCH_USEFUL),
                 col(HINT_RECORDS, scale=1, digits=0),
+                _fmt(spread(_kept_total(d, PREFETCH_SECONDS) for d in deltas), 1, 2),
                 _loop_load_cell(records),
                 _fmt(spread(d.get(LOOP_DISK_WAITS) for d in deltas), 1, 0),
                 _fmt(spread(d.get(READER_DISK_WAITS) for d in deltas), 1, 0),
-                _fmt(spread(_gc_seconds(d) for d in deltas), 1, 2),
+                _fmt(spread(_kept_total(d, GC_SECONDS) for d in deltas), 1, 2),
                 _reader_wait_cell(deltas)]) + " |")
     return "\n".join(lines)
 
@@ -139,11 +142,11 @@ def _reader_wait_cell(deltas: list[dict[str, float]]) -> str:
     return f"{_fmt(p50, MS, 2)} / {_fmt(p99, MS, 1)}"
 
 
-def _gc_seconds(delta: dict[str, float]) -> float | None:
-    """The daemon's collections over the run, every generation (None: not counted then)."""
-    if not any(key.startswith(GC_SECONDS) for key in delta):
+def _kept_total(delta: dict[str, float], name: str) -> float | None:
+    """A metric's increase over the run, every label summed (None: not kept then)."""
+    if not any(key.startswith(name) for key in delta):
         return None
-    return metric_total(delta, GC_SECONDS)
+    return metric_total(delta, name)
 
 
 def _loop_load_cell(records: list[RunRecord]) -> str:

@@ -43,6 +43,9 @@ HUB_REQUESTS = "neuralcache_fabric_requests_total"
 PREDICTOR_ISSUED = "neuralcache_prefetch_predictor_issued_bytes_total"
 PREDICTOR_USEFUL = "neuralcache_prefetch_predictor_useful_bytes_total"
 DISPATCH_WAIT = "neuralcache_fabric_prefetch_dispatch_wait_seconds_total"
+PREFETCH_SECONDS = "neuralcache_prefetch_cpu_seconds_total"
+"""The event loop's time on prefetching, by stage: handing reads over, the prefetcher's own
+work, starting what it plans (fetches and the page-in of cached blocks)."""
 LONG_STEPS = "neuralcache_loop_long_steps_total"  # only with mount --loop-steps
 LONG_STEP_SECONDS = "neuralcache_loop_long_step_seconds_total"
 WRITE_BATCHES = ("neuralcache_cache_write_batch_seconds_bucket",
@@ -63,10 +66,11 @@ OPENS = "neuralcache_opens_total"
 READER_WAIT_BUCKET = "neuralcache_cache_reader_wait_seconds_bucket"
 """How long reads handed to the cache's reader thread waited for it and back (histogram)."""
 KEPT_METRICS = (HITS, MISSES, LATENCY_BUCKET, READ_BYTES, PREFETCH_ISSUED, PREFETCH_USEFUL,
-                HINT_RECORDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED, EVENTS_DROPPED,
-                EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL, DISPATCH_WAIT,
-                *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS, READER_DISK_WAITS,
-                GC_SECONDS, RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS, READER_WAIT_BUCKET)
+                HINT_RECORDS, PREFETCH_SECONDS, PREFETCH_LATE, PREFETCH_WASTED, PREFETCH_FAILED,
+                EVENTS_DROPPED, EVICTIONS, READS, HUB_REQUESTS, PREDICTOR_ISSUED, PREDICTOR_USEFUL,
+                DISPATCH_WAIT, *WRITE_BATCHES, LOOP_CPU, LOOP_RUNQUEUE, LOOP_DISK_WAITS,
+                READER_DISK_WAITS, GC_SECONDS, RUN_READS, LONG_STEPS, LONG_STEP_SECONDS, OPENS,
+                READER_WAIT_BUCKET)
 """The spoke metrics a run keeps (as differences over the run)."""
 
 

@@ -183,6 +183,7 @@ class PrefetchPump:
         self._published: dict[Any, int] = {}
         self._queue_seconds = 0.0  # accumulated here, published on the tick (cheap on the path)
         self._predict_seconds = 0.0
+        self._issue_seconds = 0.0
         self._next_trace_flush = self._started + TRACE_FLUSH_INTERVAL
 
     # called from FUSE handlers -------------------------------------------------------------
@@ -298,7 +299,10 @@ class PrefetchPump:
             if self._trace is not None:
                 self._trace.hint(at - self._started, record)
             if pf is not None:
-                self._issue(pf.on_hints(trio.current_time(), record))
+                started = time.perf_counter()
+                requests = pf.on_hints(trio.current_time(), record)
+                self._predict_seconds += time.perf_counter() - started
+                self._issue(requests)
         elif pf is not None:  # _DONE
             _, request, ok = msg
             pf.complete(trio.current_time(), request, ok)
@@ -307,8 +311,10 @@ class PrefetchPump:
         """Plan with the link's latest estimate and publish; whether the plan issued anything."""
         issued = False
         if self.prefetcher is not None:
+            started = time.perf_counter()
             link = self._measure_link() or self._default_link
             requests = self.prefetcher.plan(now, link)
+            self._predict_seconds += time.perf_counter() - started
             issued = bool(requests)
             self._issue(requests)
         self.publish()
@@ -320,6 +326,7 @@ class PrefetchPump:
     # prefetch fetches ------------------------------------------------------------------------
     def _issue(self, requests: list[PrefetchRequest]) -> None:
         assert self._nursery is not None
+        started = time.perf_counter()
         for request in requests:
             entry = self._namespace.file(request.file_id)
             if entry is None:
@@ -331,6 +338,7 @@ class PrefetchPump:
             present = self.prefetcher.take_present()
             if present:
                 self._page_in(present)
+        self._issue_seconds += time.perf_counter() - started
 
     def _page_in(self, present: list[tuple[int, int, int]]) -> None:
         """Cached blocks a window reaches: their pages come from the disk now, not when the
@@ -382,7 +390,8 @@ class PrefetchPump:
         self._unwatched_reads = 0
         metrics.PREFETCH_CPU_SECONDS.labels("queue").inc(self._queue_seconds)
         metrics.PREFETCH_CPU_SECONDS.labels("predict").inc(self._predict_seconds)
-        self._queue_seconds = self._predict_seconds = 0.0
+        metrics.PREFETCH_CPU_SECONDS.labels("issue").inc(self._issue_seconds)
+        self._queue_seconds = self._predict_seconds = self._issue_seconds = 0.0
 
     def _advance(self, counter: Any, value: int) -> None:
         counter.inc(value - self._published.get(counter, 0))

@@ -81,6 +81,10 @@ def test_sequential_read_is_prefetched_and_hits(dataset, shard_hub: Hub, spoke: 
     assert read_slowly(spoke.mountpoint / rel) == files[rel]
     wait_until(lambda: spoke.metric("neuralcache_prefetch_useful_bytes_total") > 0)
     assert spoke.metric("neuralcache_prefetch_issued_bytes_total") > 0
+    # The loop's time on prefetching is counted by stage: handing reads over, the prefetcher's
+    # own work, and starting the fetches it planned.
+    for stage in ("queue", "predict", "issue"):
+        assert spoke.metric("neuralcache_prefetch_cpu_seconds_total", stage=stage) > 0, stage
     hits = spoke.metric("neuralcache_cache_hit_blocks_total")
     misses = spoke.metric("neuralcache_cache_miss_blocks_total")
     # Only the first reads, before the stride is recognised, should miss (generous margin).

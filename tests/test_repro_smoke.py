@@ -23,7 +23,7 @@ from bench.repro_report import markdown, rolling_rate
 from bench.repro_scenarios import (COLD, LOCAL, MEMFS, SEQUENTIAL, SPOKE, WARM, Scenario,
                                    checks, scenarios)
 from bench.repro_stats import (HITS, LATENCY_BUCKET, LOOP_CPU, LOOP_RUNQUEUE, MISSES,
-                               READER_WAIT_BUCKET, RunRecord, cold_start_share,
+                               PREFETCH_SECONDS, READER_WAIT_BUCKET, RunRecord, cold_start_share,
                                histogram_quantile, hit_ratio, latency_buckets, least_disturbed,
                                metrics_delta, stolen_share, summarize, waiting_share,
                                window_rate)
@@ -165,7 +165,9 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
         Scenario(SEQUENTIAL, SPOKE, COLD).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, COLD).key, 0, _trace([0.03] * 100 + [0.02] * 100), 5.0,
             wan_down_bytes=10**8, wan_up_bytes=10**6,
-            metrics={HITS: 50.0, MISSES: 50.0, LOOP_CPU: 3.0, LOOP_RUNQUEUE: 1.0},
+            metrics={HITS: 50.0, MISSES: 50.0, LOOP_CPU: 3.0, LOOP_RUNQUEUE: 1.0,
+                     f'{PREFETCH_SECONDS}{{stage="predict"}}': 0.5,
+                     f'{PREFETCH_SECONDS}{{stage="issue"}}': 0.25},
             cpu_seconds={LOADER: 3.0, DAEMON: 4.0, DAEMON_LOOP: 3.0, HUB: 1.0, FORWARDER: 1.0})},
         Scenario(SEQUENTIAL, SPOKE, WARM).key: {0: RunRecord(
             Scenario(SEQUENTIAL, SPOKE, WARM).key, 0, local, 4.0, wan_down_bytes=0,
@@ -193,11 +195,12 @@ def test_report_and_targets_from_synthetic_runs(tmp_path: str) -> None:
     # The cold run's loop ran 3 s of its 5 s and waited 1 s for a core; the warm run's daemon
     # did not report its loop.
     # ... and no read went to the reader thread in the cold run: its last cell is empty too.
-    assert ("| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 80 %: 60 % + 20 % | – | – | – "
-            "| – |" in text)
+    # Its prefetching took 0.75 s of the loop over two stages; the warm run did not report it.
+    assert ("| sequential, spoke cold | 0.0 | 0.0 | 0.0 | 0.0 | 0 | 0.75 | 80 %: 60 % + 20 % | – "
+            "| – | – | – |" in text)
     # Half the warm run's reader thread waits under 1 ms, the rest under 2.5: p99 in between.
-    assert ("| sequential, spoke warm | 0.0 | 0.0 | 0.0 | 0.0 | 0 | – | – | – | – | 1.00 / 2.5 |"
-            in text)
+    assert ("| sequential, spoke warm | 0.0 | 0.0 | 0.0 | 0.0 | 0 | – | – | – | – | – "
+            "| 1.00 / 2.5 |" in text)
     assert "### I/O bound" not in text  # no table for a variant that was not run
     assert "pyfuse3 ceiling" not in text  # nor a column for a target that was not run
     assert rolling_rate(local.done, 24, window=20)[-1] == pytest.approx(1200)
