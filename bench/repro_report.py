@@ -11,11 +11,10 @@ from bench.repro_scenarios import (COLD, IO_BOUND, LOCAL, MEMFS, SHUFFLED, SEQUE
                                    Check, Runs, Scenario, checks, per_repeat)
 from bench.repro_stats import (EXTRAPOLATION_HORIZONS, GC_SECONDS, HINT_RECORDS, LOOP_DISK_WAITS,
                                PREFETCH_ISSUED, PREFETCH_SECONDS, PREFETCH_USEFUL, RATE_WINDOWS,
-                               READ_BYTES,
-                               READER_DISK_WAITS, READER_WAIT_BUCKET, RunRecord, RunSummary, Spread,
-                               cold_start_share, cpu_floor, histogram_quantile, latency_buckets,
-                               loop_load, metric_total, spread, summarize, total_seconds,
-                               window_rate)
+                               READ_BYTES, READER_DISK_WAITS, READER_WAIT_BUCKET, RunRecord,
+                               RunSummary, Spread, cold_start_share, cpu_floor, histogram_quantile,
+                               latency_buckets, loop_load, metric_total, spread, summarize,
+                               total_seconds, window_rate)
 
 PLOT_WINDOW = 20
 """Batches per point of the plotted samples/s (a rolling window smooths the step jitter)."""

@@ -127,8 +127,9 @@ PREFETCH_READS_UNWATCHED = Counter(
 PREFETCH_CPU_SECONDS = Counter(
     "neuralcache_prefetch_cpu_seconds_total",
     "Time spent on prefetching by stage: 'queue' on the read path (handing the read over), "
-    "'predict' off it (the prefetcher's per-read work and plans), 'issue' starting what a plan "
-    "asks for (fetches, and the page-in of its windows' cached blocks).", ["stage"])
+    "'predict' off it (the prefetcher's work on reads, hints and completions, and its plans; "
+    "with --record-trace the trace's too), 'issue' starting what a plan asks for (fetches, and "
+    "the page-in of its windows' cached blocks).", ["stage"])
 HINT_RECORDS = Counter(
     "neuralcache_prefetch_hints_records_total", "Hint records accepted from the control file.")
 HINT_ERRORS = Counter(

@@ -269,18 +269,20 @@ class PrefetchPump:
         while inbox:
             batch = min(len(inbox), PUMP_BATCH)
             handled += batch
+            started = time.perf_counter()
+            requests: list[PrefetchRequest] = []
             for _ in range(batch):
-                self._handle(inbox.popleft())
+                requests += self._handle(inbox.popleft())
             if self.prefetcher is not None:
-                started = time.perf_counter()
-                requests = self.prefetcher.plan(trio.current_time())
-                self._predict_seconds += time.perf_counter() - started
-                self._issue(requests)
+                requests += self.prefetcher.plan(trio.current_time())
+            self._predict_seconds += time.perf_counter() - started
+            self._issue(requests)
             if inbox:
                 await trio.sleep(0)
         return handled
 
-    def _handle(self, msg: tuple[Any, ...]) -> None:
+    def _handle(self, msg: tuple[Any, ...]) -> list[PrefetchRequest]:
+        """One message to the prefetcher (and the trace); what it asks to fetch now."""
         kind = msg[0]
         pf = self.prefetcher
         if kind == _READ:
@@ -291,21 +293,17 @@ class PrefetchPump:
                     self._trace.file(entry.file_id, entry.path, entry.size)
                 self._trace.read(at - self._started, fh, fh, entry.file_id, offset, length)
             if pf is not None:
-                started = time.perf_counter()
                 pf.observe(trio.current_time(), AccessEvent(fh, entry.file_id, offset, length))
-                self._predict_seconds += time.perf_counter() - started
         elif kind == _HINTS:
             _, at, record = msg
             if self._trace is not None:
                 self._trace.hint(at - self._started, record)
             if pf is not None:
-                started = time.perf_counter()
-                requests = pf.on_hints(trio.current_time(), record)
-                self._predict_seconds += time.perf_counter() - started
-                self._issue(requests)
+                return pf.on_hints(trio.current_time(), record)
         elif pf is not None:  # _DONE
             _, request, ok = msg
             pf.complete(trio.current_time(), request, ok)
+        return []
 
     def _tick(self, now: float) -> bool:
         """Plan with the link's latest estimate and publish; whether the plan issued anything."""
