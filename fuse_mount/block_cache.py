@@ -29,7 +29,7 @@ from .block_store import (EXTENT_BLOCKS, EXTENT_VALUE_BYTES, VALUE_BYTES, BlockK
                           RunBytes, extent_of)
 from .cache_writer import CacheWriteError, CacheWriter
 from .key_space import KeySpace, slot_of
-from .residency import ResidencyProbe, run_stretch, value_spans, will_need_spans
+from .residency import ResidencyProbe, run_stretch, value_spans, will_need, will_need_spans
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,11 @@ class BlockCache:
         self._reader = JobThreads(on_wait=metrics.CACHE_READER_WAIT.observe)
         self._reader.post(metrics.READER_THREAD.watch)  # for its disk waits, counted by the kernel
         self._pager = JobThreads(follow_loop_cpu=False, name="neuralcache-page-in")
-        """Runs the advice of ``page_in`` and ``_read_ahead``, apart from the reader thread:
-        asking the kernel for a window's pages of a cache file on disk takes it tens of ms per
-        64 MiB (allocating the pages and queueing their reads), which the reads behind it in
-        the reader thread would wait for too."""
+        """Runs the advice of ``page_in``, ``_read_ahead`` and ``_read_queued``, apart from the
+        reader thread: asking the kernel for a window's pages of a cache file on disk takes it
+        tens of ms per 64 MiB (allocating the pages and queueing their reads), which the reads
+        behind it in the reader thread would wait for too."""
+        self._reads_in_thread = 0  # handed to the reader thread and not yet back
         self._probe = ResidencyProbe()  # used on the event loop only
         self._recent_ends: dict[int, bool] = {}
         """Keys just past the last ``RECENT_READS`` runs read, oldest first (``read_run``)."""
@@ -380,8 +381,8 @@ class BlockCache:
             _THREAD_READS.inc()
             if follows:
                 self._read_ahead(file_id, version, first, count, addresses[0])
-            data = await self._reader.run(self.store.read_run, file_id, version, first, count,
-                                          addresses, length, extents)
+            data = await self._read_queued(len(span) <= self.inline_max_blocks, file_id,
+                                           version, first, count, addresses, length, extents)
         if data is not None:
             # Bytes LMDB returned for a key are that key's, whatever happened to the policy
             # meanwhile: keys name one version, and every checksum was verified. Only the
@@ -390,6 +391,23 @@ class BlockCache:
             # (docs/repro.md, session 51).
             self._touch_run(keys)
         return data
+
+    async def _read_queued(self, on_disk: bool, file_id: int, version: int, first: int,
+                           count: int, addresses: list[int], length: int,
+                           extents: Sequence[int]) -> RunBytes | None:
+        """``BlockStore.read_run`` in the reader thread. ``on_disk``: the event loop found a
+        page of the run's values out of RAM. Such a run queued behind other reads has the
+        page-in thread ask the kernel for its values at once: the reader thread asks for a
+        run's pages only when it gets to the run, so a loader's workers' reads of a cache on
+        the disk (a warm shuffle's first batches) each waited for the disk in turn."""
+        if on_disk and self._reads_in_thread:
+            self._pager.post(will_need, addresses, length, self.store.will_need_bytes)
+        self._reads_in_thread += 1
+        try:
+            return await self._reader.run(self.store.read_run, file_id, version, first, count,
+                                          addresses, length, extents)
+        finally:
+            self._reads_in_thread -= 1
 
     def _may_be_stored(self, keys: range) -> bool:
         """Whether LMDB may hold the run as the cache has it: its first and last blocks held,

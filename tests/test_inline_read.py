@@ -18,7 +18,7 @@ from bench.mount_procs import drop_page_cache
 from fuse_mount.block_cache import INLINE_MAX_BLOCKS, BlockCache
 from fuse_mount.block_store import EXTENT_VALUE_BYTES, VALUE_BYTES, BlockKey, BlockStore
 from fuse_mount.residency import (MAX_CHECK_PAGES, PAGE_SIZE, ResidencyProbe, buffer_address,
-                                  merged_spans, run_stretch, value_spans)
+                                  merged_spans, run_stretch, value_spans, will_need)
 from neuralcache.blocks import BLOCK_SIZE
 from tests.fabric_helpers import metric
 
@@ -150,6 +150,61 @@ def test_a_run_whose_pages_were_evicted_is_read_by_the_thread_then_inline(
         assert trio.run(read) == expected
         assert metric(RUN_READS, {"path": "inline"}) == inline + 1
         assert metric(RUN_READS, {"path": "reader_thread"}) == thread + 2
+    finally:
+        cache.close()
+
+
+class _Posts:
+    """Stands in for the cache's page-in thread: records what it is handed."""
+
+    def __init__(self) -> None:
+        self.posted: list[tuple[object, tuple[object, ...]]] = []
+
+    def post(self, fn: object, *args: object) -> None:
+        self.posted.append((fn, args))
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_run_on_the_disk_queued_behind_another_read_has_its_pages_asked_for_at_once(
+        tmp_path: Path) -> None:
+    """Two reads of runs whose pages are on the disk, at once: the first goes to the reader
+    thread, which asks for its pages itself; the second, queued behind it, has the page-in
+    thread ask for its values as it is queued, not when the reader thread gets to it."""
+    blocks, count = 16, 4
+    data = _filled_store(tmp_path, blocks)
+    cache = BlockCache(BlockStore(str(tmp_path), 4 * blocks * BLOCK_SIZE),
+                       4 * blocks * BLOCK_SIZE)
+    posts = _Posts()
+    try:
+        assert trio.run(cache.read_run, 1, 1, 0, blocks) == b"".join(data.values())
+        evict(tmp_path / "data.mdb",
+              [(a & ~(PAGE_SIZE - 1), 2 * PAGE_SIZE) for a in cache._addresses.values()])
+        if ResidencyProbe().all_resident(list(cache._addresses.values()), 1):
+            pytest.skip("this filesystem keeps the file in the page cache")
+        cache._pager.close()
+        cache._pager = posts  # type: ignore[assignment]
+        read: dict[int, bytes | None] = {}
+
+        async def read_two() -> None:
+            async def one(first: int) -> None:
+                read[first] = await cache.read_run(1, 1, first, count)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, 0)
+                nursery.start_soon(one, 8)
+
+        trio.run(read_two)
+        for first in (0, 8):
+            assert read[first] == b"".join(data[BlockKey(1, 1, b)]
+                                           for b in range(first, first + count))
+        assert len(posts.posted) == 1
+        fn, args = posts.posted[0]
+        assert fn is will_need
+        second = [first for first in (0, 8)
+                  if args[0] == [address_of(cache, BlockKey(1, 1, b))
+                                 for b in range(first, first + count)]]
+        assert len(second) == 1 and args[1] == VALUE_BYTES
     finally:
         cache.close()
 
