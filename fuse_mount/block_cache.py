@@ -395,11 +395,12 @@ class BlockCache:
     async def _read_queued(self, on_disk: bool, file_id: int, version: int, first: int,
                            count: int, addresses: list[int], length: int,
                            extents: Sequence[int]) -> RunBytes | None:
-        """``BlockStore.read_run`` in the reader thread. ``on_disk``: the event loop found a
-        page of the run's values out of RAM. Such a run queued behind other reads has the
-        page-in thread ask the kernel for its values at once: the reader thread asks for a
-        run's pages only when it gets to the run, so a loader's workers' reads of a cache on
-        the disk (a warm shuffle's first batches) each waited for the disk in turn."""
+        """``BlockStore.read_run`` in the reader thread. ``on_disk``: the event loop's check
+        found a page of the run's values out of RAM (or the run not wholly stored, where the
+        advice below is merely wasted). Such a run queued behind other reads has the page-in
+        thread ask the kernel for its values at once: the reader thread asks for a run's
+        pages only when it gets to the run, so a loader's workers' reads of a cache on the
+        disk each waited for the disk in turn, behind the one before."""
         if on_disk and self._reads_in_thread:
             self._pager.post(will_need, addresses, length, self.store.will_need_bytes)
         self._reads_in_thread += 1
