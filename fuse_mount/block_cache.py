@@ -127,7 +127,9 @@ class BlockCache:
         reader thread: asking the kernel for a window's pages of a cache file on disk takes it
         tens of ms per 64 MiB (allocating the pages and queueing their reads), which the reads
         behind it in the reader thread would wait for too."""
-        self._reads_in_thread = 0  # handed to the reader thread and not yet back
+        self._reads_in_thread = 0
+        """``_read_queued`` reads out in the reader thread (not ``read_run_located``'s, which
+        learn where blocks lie): a run found on the disk behind one of them is asked for early."""
         self._probe = ResidencyProbe()  # used on the event loop only
         self._recent_ends: dict[int, bool] = {}
         """Keys just past the last ``RECENT_READS`` runs read, oldest first (``read_run``)."""
