@@ -1,7 +1,8 @@
 """What a warm read costs the daemon: CPU time and sleeps per pass, spoke beside memfs.
 
     python -m bench.daemon_cpu [--size 256M] [--random-reads 4096] [--rounds 2] [--from-disk]
-                               [--idle SECONDS] [--mount-option OPT]... [--workdir DIR]
+                               [--mapped-memfs] [--idle SECONDS] [--mount-option OPT]...
+                               [--workdir DIR]
 
 ``bench.throughput`` says how fast; this says where the daemon's side of it goes. It fills a
 spoke cache once (a cold sequential pass), then runs the same read passes as
@@ -13,7 +14,10 @@ while runnable (``schedstat``), and its voluntary and involuntary context switch
 read. On two cores shared with others, CPU time per pass is steadier than MB/s, and the
 switches show what a thread hand-off per read costs. With ``--from-disk`` the cache file is
 evicted from the page cache before every spoke pass (``bench.throughput``'s "LMDB from disk"
-rows; memfs still serves from memory).
+rows; memfs still serves from memory). With ``--mapped-memfs`` each round also measures memfs
+serving the dataset from a read-only map of it (``bench.memfs --mapped``, target ``memmap``):
+replies copied by the kernel straight from the file's pages, as a spoke replying from its cache
+file's pages would have them, with nothing else of the spoke's work.
 
 With ``--idle SECONDS`` it also measures what a mount nobody reads costs, as a node's mount
 sits between jobs: the daemon's CPU and its wake-ups (voluntary switches) per second over
@@ -133,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-disk", action="store_true",
                         help="evict the spoke's cache file from the page cache before each "
                              "spoke pass")
+    parser.add_argument("--mapped-memfs", action="store_true",
+                        help="also measure memfs replying with views of a map of the dataset")
     parser.add_argument("--idle", type=float, default=0.0, metavar="SECONDS",
                         help="also measure an unread mount's CPU over this long, over the "
                              "filled cache and over an empty one")
@@ -159,9 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for pattern in (SEQUENTIAL, RANDOM):
                     pattern_offsets = offsets if pattern == RANDOM else None
-                    with mount_procs.memfs(mountpoint, data) as (path,):
-                        print(_measure("memfs", pattern, _memfs_pid(mountpoint), path,
-                                       pattern_offsets, reads[pattern]), flush=True)
+                    for target in ("memfs", "memmap") if args.mapped_memfs else ("memfs",):
+                        with mount_procs.memfs(mountpoint, data,
+                                               mapped=target == "memmap") as (path,):
+                            print(_measure(target, pattern, _memfs_pid(mountpoint), path,
+                                           pattern_offsets, reads[pattern]), flush=True)
                     if args.from_disk:
                         mount_procs.drop_page_cache(cache_file)
                     with mount_procs.spoke(hub.address, cache, mountpoint,

@@ -7,17 +7,24 @@ cannot drift apart) and the readahead the spoke gives a wholly cached file
 answers a read with a slice of one in-memory ``bytes``. Whatever the spoke's read path costs
 beyond this is ours to win back; nothing a pyfuse3 filesystem does can be faster than this.
 
-    python -m bench.memfs --source FILE [--source FILE ...] MOUNTPOINT
+    python -m bench.memfs --source FILE [--source FILE ...] [--mapped] MOUNTPOINT
 
 loads each FILE into memory and serves it as ``MOUNTPOINT/<basename of FILE>`` (one flat
 directory, as ``bench.repro``'s shards are). It prints ``memfs: ready`` on stdout once the mount
 answers, and unmounts on SIGTERM/SIGINT.
+
+With ``--mapped`` each FILE is mapped read-only instead, and a read is answered with a view of
+the map: the kernel copies the reply straight from the file's pages, with no copy in Python.
+Not the ceiling the benches compare with (that is the plain slice above); it says what a
+filesystem that replies from its cache file's pages, as the spoke could, would gain
+(``bench.daemon_cpu --mapped-memfs``).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import mmap
 import os
 import signal
 import stat
@@ -37,18 +44,22 @@ _FIRST_INODE = pyfuse3.ROOT_INODE + 1
 """The first file's inode; the i-th file's is ``_FIRST_INODE + i``."""
 
 
+Served = bytes | memoryview
+"""A file's bytes as memfs holds them: a copy in memory, or a view of a read-only map of it."""
+
+
 class MemoryFilesystem(pyfuse3.Operations):
     """Read-only files in the root directory: ``files`` maps each name to its bytes."""
 
     enable_writeback_cache = False
 
-    def __init__(self, files: dict[str, bytes]) -> None:
+    def __init__(self, files: dict[str, Served]) -> None:
         super().__init__()
         self.names = [os.fsencode(name) for name in files]
         self.data = list(files.values())
         self.inodes = {name: _FIRST_INODE + i for i, name in enumerate(self.names)}
 
-    def _file(self, inode: int) -> bytes:
+    def _file(self, inode: int) -> Served:
         index = inode - _FIRST_INODE
         if not 0 <= index < len(self.data):
             raise pyfuse3.FUSEError(errno.ENOENT)
@@ -98,7 +109,7 @@ class MemoryFilesystem(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EROFS)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> Served:
         # the open checked fh; no lookup beyond the list's on the hot path
         return self.data[fh - _FIRST_INODE][off:off + size]
 
@@ -131,15 +142,19 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, action="append",
                         help="file whose bytes to serve from memory (repeatable)")
+    parser.add_argument("--mapped", action="store_true",
+                        help="serve each file from a read-only map of it, replying with views")
     parser.add_argument("mountpoint")
     args = parser.parse_args(argv)
-    files: dict[str, bytes] = {}
+    files: dict[str, Served] = {}
     for source in args.source:
         name = os.path.basename(source)
         if name in files:
             parser.error(f"two sources named {name!r}")
         with open(source, "rb") as f:
-            files[name] = f.read()
+            mapped = args.mapped and os.fstat(f.fileno()).st_size > 0  # none of an empty file
+            files[name] = (memoryview(mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ))
+                           if mapped else f.read())
     fs = MemoryFilesystem(files)
     # Only the option set matters here; the hub address just names the mount in /proc/mounts.
     cfg = SpokeConfig(hub_host="memfs", hub_port=0, cache_dir="", cache_size=0,

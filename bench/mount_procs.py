@@ -78,13 +78,13 @@ def spoke(hub_address: str, cache_dir: str, mountpoint: str, *options: str,
 
 
 @contextlib.contextmanager
-def memfs(mountpoint: str, *sources: str) -> Iterator[list[str]]:
-    """``bench.memfs`` serving ``sources`` from memory; yields the served files' paths, in the
-    same order."""
+def memfs(mountpoint: str, *sources: str, mapped: bool = False) -> Iterator[list[str]]:
+    """``bench.memfs`` serving ``sources`` from memory (``mapped``: from read-only maps of
+    them); yields the served files' paths, in the same order."""
     os.makedirs(mountpoint, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-m", "bench.memfs",
                              *(arg for source in sources for arg in ("--source", source)),
-                             mountpoint],
+                             *(["--mapped"] if mapped else []), mountpoint],
                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     try:

@@ -1,5 +1,6 @@
-"""bench/memfs.py, the Python FUSE ceiling: a real mount of several files served from memory,
-as ``bench.repro``'s memfs target mounts the export's shards."""
+"""bench/memfs.py, the Python FUSE ceiling: a real mount of several files served from memory
+(or from maps of them, ``--mapped``), as ``bench.repro``'s memfs target mounts the export's
+shards."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ from bench import mount_procs
 from fuse_mount.launch import is_mounted
 
 
-def test_every_source_is_served_byte_for_byte_and_nothing_else(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mapped", [False, True], ids=["in memory", "mapped"])
+def test_every_source_is_served_byte_for_byte_and_nothing_else(tmp_path: Path,
+                                                               mapped: bool) -> None:
     sources = []
     for name, size in (("a.tokens", 3 * 4096 + 17), ("b.tokens", 1 << 20), ("empty", 0)):
         path = tmp_path / name
         path.write_bytes(os.urandom(size))
         sources.append(str(path))
     mountpoint = str(tmp_path / "mnt")
-    with mount_procs.memfs(mountpoint, *sources) as served:
+    with mount_procs.memfs(mountpoint, *sources, mapped=mapped) as served:
         assert served == [os.path.join(mountpoint, os.path.basename(s)) for s in sources]
         assert sorted(os.listdir(mountpoint)) == ["a.tokens", "b.tokens", "empty"]
         for source, path in zip(sources, served):
