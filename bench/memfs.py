@@ -5,7 +5,7 @@ It mounts with the spoke's own mount options (taken from ``fuse_mount.daemon``, 
 cannot drift apart) and the readahead the spoke gives a wholly cached file
 (``fuse_mount.read_ahead.WARM_KB``), opens files with ``keep_cache`` like the spoke, and
 answers a read with a slice of one in-memory ``bytes``. Whatever the spoke's read path costs
-beyond this is ours to win back; nothing a pyfuse3 filesystem does can be faster than this.
+beyond this is ours to win back; only a reply made with no copy in Python is faster (below).
 
     python -m bench.memfs --source FILE [--source FILE ...] [--mapped] MOUNTPOINT
 
