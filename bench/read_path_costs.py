@@ -18,7 +18,8 @@ measured is CPU, as in the warm rows of ``bench.throughput``):
   check that finds them all in RAM);
 - ``BlockCache.read_run`` and ``BlockCache.get_many``: the same through the cache (LRU and
   last-use stamps), ``read_run`` both on the event loop (inline, as the cache serves runs of
-  pages in RAM up to its limit) and through its reader thread;
+  pages in RAM up to its limit) and through its reader thread, with the event loop's thread
+  left where the scheduler puts it (as in the daemon) and bound to one CPU;
 - ``BlockFetcher.read`` of 1 MiB and 16 KiB, every block a hit, cache writer running as in the
   daemon (it persists the stamps those hits leave);
 - a prefetch from ``BlockFetcher.start_prefetch`` until its blocks are in the cache, with a
@@ -150,6 +151,20 @@ async def _cache_runs(cache: BlockCache, path: str, inline_max_blocks: int,
                  16384)]
 
 
+async def _bound_loop_runs(cache: BlockCache, run_mib: Callable[[int], Awaitable[Any]],
+                           run_small: Callable[[int], Awaitable[Any]]) -> list[str]:
+    """The reader thread's rows again with the loop's thread bound to one CPU. The reader
+    thread follows the loop's CPU; a loop left free is woken on the idle CPU while the thread
+    still holds its own, and takes the thread along at the next job: the difference between
+    the two is what those moves cost (docs/throughput.md, session 63)."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(allowed)})
+    try:
+        return await _cache_runs(cache, "reader thread, loop bound", 0, run_mib, run_small)
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
 async def _landing_rows(workdir: str) -> list[str]:
     """Prefetches of 64 and 4 blocks, each of blocks not cached yet, into a cache of their own
     (large enough that nothing is evicted)."""
@@ -261,7 +276,8 @@ async def _measure(cache: BlockCache, loose: BlockStore, blocks: int) -> list[st
                   await _best_async(lambda i: cache.get_many(keys(small(i), SMALL_BLOCKS)), 3000),
                   16384),
              *await _cache_runs(cache, "inline", MIB_BLOCKS, run_mib, run_small),
-             *await _cache_runs(cache, "reader thread", 0, run_mib, run_small)]
+             *await _cache_runs(cache, "reader thread", 0, run_mib, run_small),
+             *await _bound_loop_runs(cache, run_mib, run_small)]
     cache.inline_max_blocks = INLINE_MAX_BLOCKS
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run_writer)
